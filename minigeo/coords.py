@@ -1,0 +1,621 @@
+r"""Coordinates, reparametrizations and the transformation rules (floor 2, chapter 1).
+
+A reparametrization (change of coordinates) is a diffeomorphism
+:math:`\varphi: \Theta \to \Psi`, :math:`\psi = \varphi(\theta)`, with Jacobian
+:math:`J(\theta) = \partial\psi/\partial\theta`.  Geometric objects keep their
+meaning across coordinates only if they follow the rules of paper 000, Sec. 2.2
+(Kristiadi, Dangel & Hennig 2023):
+
+=====================  ==================================  =========================
+object                 rule                                minigeo
+=====================  ==================================  =========================
+function  h            :math:`h \circ \varphi^{-1}`        :func:`transform_function`
+vector    v            :math:`J v`                          :func:`transform_vector`
+covector  ω            :math:`J^{-\top} \omega`             :func:`transform_covector`
+metric    G            :math:`J^{-\top} G J^{-1}`           :func:`transform_metric`
+bilinear  B            :math:`J^{-\top} B J^{-1}`           :func:`transform_bilinear`
+endomorphism E         :math:`J E J^{-1}`                   :func:`transform_endomorphism`
+=====================  ==================================  =========================
+
+All rules work on 1-D arrays and on pytrees of arrays.  They never form
+:math:`J^{-1}` by inverting a matrix: vectors are pushed forward with ``jax.jvp``
+through :math:`\varphi`, covectors pulled back with ``jax.vjp`` through
+:math:`\varphi^{-1}` (whose Jacobian *is* :math:`J^{-1}`).  Dense matrices
+(metrics, bilinear forms) are indexed in the order of
+:func:`jax.flatten_util.ravel_pytree`.
+
+The musical isomorphisms :func:`flat` (:math:`v \mapsto Gv`) and :func:`sharp`
+(:math:`\omega \mapsto G^{-1}\omega`, by a Cholesky or conjugate-gradient solve)
+turn vectors into covectors and back.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Union
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+import numpy as np
+
+from ._checks import (
+    GeometryError,
+    check_finite,
+    check_same_structure,
+    check_spd,
+    check_square_matrix,
+    is_concrete,
+)
+from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
+
+__all__ = [
+    "Reparametrization",
+    "MetricLike",
+    "transform_function",
+    "transform_vector",
+    "transform_covector",
+    "transform_metric",
+    "transform_bilinear",
+    "transform_endomorphism",
+    "transform_metric_field",
+    "pushforward",
+    "pullback_covector",
+    "pair",
+    "inner",
+    "flat",
+    "sharp",
+]
+
+#: A metric (or bilinear form) at one point: a dense ``d x d`` array over the
+#: flattened coordinates, or a linear map ``v -> G v`` on pytrees (matrix-free).
+MetricLike = Union[jax.Array, np.ndarray, Callable[[PyTree], PyTree]]
+
+Predicate = Callable[[PyTree], Any]
+
+
+class Reparametrization:
+    r"""A change of coordinates :math:`\psi = \varphi(\theta)` with its inverse.
+
+    Parameters
+    ----------
+    forward
+        :math:`\varphi`, maps a point ``theta`` (array or pytree) to ``psi``.
+    inverse
+        :math:`\varphi^{-1}`, maps ``psi`` back to ``theta``.
+    name
+        Shown in error messages and plots.
+    domain, codomain
+        Optional predicates returning a boolean array (or pytree of them) that is
+        ``True`` where a point lies inside the open set on which ``forward``
+        (respectively ``inverse``) is a diffeomorphism.  They are evaluated
+        eagerly (not under ``jit``) and give the error message for points
+        outside, e.g. ``log()`` at ``theta <= 0``.
+    domain_description, codomain_description
+        Human-readable descriptions of those sets for the error messages.
+
+    Notes
+    -----
+    The Jacobian :math:`J(\theta) = \partial\psi/\partial\theta` must be
+    invertible on the domain; paper 000, Sec. 2.2 calls such a map a
+    reparametrization.  Points and objects may be 1-D arrays or pytrees; the
+    output of ``forward`` may have a different pytree structure from its input.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import Reparametrization
+    >>> cube = Reparametrization(lambda t: t**3, jnp.cbrt, name="cube")
+    >>> cube.forward(jnp.array([2.0]))
+    Array([8.], dtype=float32)
+    >>> float(cube.jacobian(jnp.array([2.0]))[0, 0])
+    12.0
+    """
+
+    __slots__ = ("_forward", "_inverse", "name", "_domain", "_codomain", "domain_description", "codomain_description")
+
+    def __init__(
+        self,
+        forward: Callable[[PyTree], PyTree],
+        inverse: Callable[[PyTree], PyTree],
+        name: str | None = None,
+        *,
+        domain: Predicate | None = None,
+        codomain: Predicate | None = None,
+        domain_description: str | None = None,
+        codomain_description: str | None = None,
+    ) -> None:
+        if not callable(forward) or not callable(inverse):
+            raise GeometryError(
+                "Reparametrization(forward, inverse) needs two callables: forward maps theta to "
+                f"psi and inverse maps psi back; got {type(forward).__name__} and "
+                f"{type(inverse).__name__}."
+            )
+        self._forward = forward
+        self._inverse = inverse
+        self.name = name or getattr(forward, "__name__", "phi")
+        self._domain = domain
+        self._codomain = codomain
+        self.domain_description = domain_description
+        self.codomain_description = codomain_description
+
+    def __repr__(self) -> str:
+        return f"Reparametrization(name={self.name!r})"
+
+    # -- evaluation -------------------------------------------------------
+    def _check_in(self, predicate: Predicate | None, x: PyTree, what: str, description: str | None) -> None:
+        if predicate is None or not is_concrete(x):
+            return
+        inside = jax.tree_util.tree_leaves(predicate(x))
+        outside = sum(int(np.size(m) - np.count_nonzero(np.asarray(m))) for m in inside)
+        if outside:
+            where = f" ({description})" if description else ""
+            raise GeometryError(
+                f"{self.name}: {outside} coordinate(s) of {what} lie outside the set where the "
+                f"reparametrization is invertible{where}. Move the point inside that set, or use a "
+                "reparametrization defined there."
+            )
+
+    def forward(self, theta: PyTree) -> PyTree:
+        r"""Map a point to the new coordinates, :math:`\psi = \varphi(\theta)`."""
+        check_finite(theta, f"{self.name}.forward: theta")
+        self._check_in(self._domain, theta, "theta", self.domain_description)
+        psi = self._forward(theta)
+        check_finite(psi, f"{self.name}.forward(theta)", hint="The map is undefined at this point.")
+        return psi
+
+    __call__ = forward
+
+    def inverse(self, psi: PyTree) -> PyTree:
+        r"""Map a point back to the old coordinates, :math:`\theta = \varphi^{-1}(\psi)`."""
+        check_finite(psi, f"{self.name}.inverse: psi")
+        self._check_in(self._codomain, psi, "psi", self.codomain_description)
+        theta = self._inverse(psi)
+        check_finite(theta, f"{self.name}.inverse(psi)", hint="The inverse map is undefined at this point.")
+        return theta
+
+    def inverted(self) -> "Reparametrization":
+        r""":math:`\varphi^{-1}` as a reparametrization from :math:`\Psi` to :math:`\Theta`."""
+        return Reparametrization(
+            self._inverse,
+            self._forward,
+            name=f"inverse({self.name})",
+            domain=self._codomain,
+            codomain=self._domain,
+            domain_description=self.codomain_description,
+            codomain_description=self.domain_description,
+        )
+
+    # -- derivatives --------------------------------------------------------
+    def jvp(self, theta: PyTree, v: PyTree) -> tuple[PyTree, PyTree]:
+        r"""Return :math:`(\varphi(\theta), J(\theta) v)` by forward-mode autodiff."""
+        return jax.jvp(self._forward, (theta,), (v,))
+
+    def jacobian(self, theta: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
+        r"""Dense Jacobian :math:`J(\theta) = \partial\psi/\partial\theta` over the flattened coordinates.
+
+        Raises :class:`GeometryError` if the Jacobian is not square, not finite, or
+        singular at ``theta`` (the map is not a reparametrization there).
+        """
+        self.forward(theta)  # domain and finiteness checks with clear messages
+        return self._dense_jacobian(self._forward, theta, "theta", max_size)
+
+    def inverse_jacobian(self, psi: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
+        r"""Dense :math:`J^{-1}(\psi) = \partial\theta/\partial\psi`, the Jacobian of :math:`\varphi^{-1}`."""
+        self.inverse(psi)
+        return self._dense_jacobian(self._inverse, psi, "psi", max_size)
+
+    def _dense_jacobian(self, fn: Callable, x: PyTree, what: str, max_size: int) -> jax.Array:
+        flat_x, unravel = ravel(x)
+        check_dense_size(flat_x.size, max_size, f"The Jacobian of {self.name}")
+        jac = jax.jacfwd(lambda f: ravel(fn(unravel(f)))[0])(flat_x)
+        if jac.shape[0] != jac.shape[1]:
+            raise GeometryError(
+                f"{self.name} maps {jac.shape[1]} coordinates to {jac.shape[0]}: a reparametrization "
+                "must keep the number of coordinates (its Jacobian must be square)."
+            )
+        check_finite(jac, f"The Jacobian of {self.name} at {what}", hint="The map is not differentiable there.")
+        if is_concrete(jac) and jac.size:
+            sv = np.linalg.svd(np.asarray(jac, dtype=np.float64), compute_uv=False)
+            eps = np.finfo(np.asarray(jac).dtype).eps
+            if sv[-1] <= eps * jac.shape[0] * sv[0]:
+                raise GeometryError(
+                    f"The Jacobian of {self.name} is singular at this {what} (smallest singular value "
+                    f"{sv[-1]:.3g}, largest {sv[0]:.3g}): the map is not invertible here, so it is not a "
+                    "valid reparametrization at this point. Move away from the singular point."
+                )
+        return jac
+
+    def check_inverse(self, theta: PyTree, rtol: float = 1e-5, atol: float = 1e-6) -> None:
+        r"""Raise unless :math:`\varphi^{-1}(\varphi(\theta)) = \theta` at ``theta`` (a sanity check for user maps)."""
+        back = self.inverse(self.forward(theta))
+        check_same_structure(theta, back, f"{self.name}.inverse(forward(theta))", "theta")
+        for a, b in zip(jax.tree_util.tree_leaves(theta), jax.tree_util.tree_leaves(back)):
+            if not np.allclose(np.asarray(a), np.asarray(b), rtol=rtol, atol=atol):
+                err = float(np.max(np.abs(np.asarray(a) - np.asarray(b))))
+                raise GeometryError(
+                    f"{self.name}: inverse(forward(theta)) differs from theta by up to {err:.3g}; "
+                    "the inverse passed to Reparametrization is not the inverse of forward."
+                )
+
+
+# ---------------------------------------------------------------------------
+# helpers for metric-like objects
+# ---------------------------------------------------------------------------
+def _is_matrix(obj: Any) -> bool:
+    return not callable(obj) and hasattr(obj, "shape")
+
+
+def _apply_dense(matrix: jax.Array, v: PyTree) -> PyTree:
+    flat_v, unravel = ravel(v)
+    return unravel(matrix @ flat_v)
+
+
+def _as_operator(obj: MetricLike, point: PyTree, what: str) -> Callable[[PyTree], PyTree]:
+    if _is_matrix(obj):
+        check_square_matrix(obj, tree_size(point), what)
+        check_finite(obj, what)
+        return lambda v: _apply_dense(obj, v)
+    if callable(obj):
+        return obj
+    raise GeometryError(
+        f"{what} must be a dense square matrix or a callable v -> G v; got {type(obj).__name__}."
+    )
+
+
+def _singular_hint(phi: Reparametrization) -> str:
+    return (
+        f"The Jacobian of {phi.name} is singular or undefined at this point, so {phi.name} is not "
+        "invertible there; move the point or use another reparametrization."
+    )
+
+
+# ---------------------------------------------------------------------------
+# transformation rules (paper 000, Sec. 2.2)
+# ---------------------------------------------------------------------------
+def transform_function(phi: Reparametrization, h: Callable[[PyTree], Any]) -> Callable[[PyTree], Any]:
+    r"""A function in ψ-coordinates: :math:`\hat h = h \circ \varphi^{-1}` (paper 000, rule (a)).
+
+    Unlike the other rules this needs no point: it returns the transformed
+    function itself, whose value at :math:`\psi = \varphi(\theta)` is
+    :math:`h(\theta)`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import reparam, transform_function
+    >>> h_psi = transform_function(reparam.log(), lambda t: jnp.sum(t**2))
+    >>> round(float(h_psi(jnp.log(jnp.array([3.0])))), 4)  # h(3) = 9
+    9.0
+    """
+    return lambda psi: h(phi.inverse(psi))
+
+
+def transform_vector(phi: Reparametrization, theta: PyTree, v: PyTree) -> PyTree:
+    r"""Push a tangent vector forward: :math:`\hat v = J(\theta)\, v` (paper 000, rule (b)).
+
+    Computed by one ``jax.jvp`` through :math:`\varphi`; the result has the
+    structure of :math:`\psi = \varphi(\theta)`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import reparam, transform_vector
+    >>> transform_vector(reparam.log(), jnp.array([2.0]), jnp.array([1.0]))  # d log(t) = dt / t
+    Array([0.5], dtype=float32)
+    """
+    check_same_structure(theta, v, "the vector v", "theta")
+    check_finite(v, "the vector v")
+    psi = phi.forward(theta)
+    _, jv = phi.jvp(theta, v)
+    if is_concrete(psi):
+        # J must be invertible at theta: J^{-1} (J v) has to exist.
+        _, back = jax.jvp(phi._inverse, (psi,), (jv,))
+        check_finite(back, f"transform_vector({phi.name})", hint=_singular_hint(phi))
+    check_finite(jv, f"transform_vector({phi.name})", hint=_singular_hint(phi))
+    return jv
+
+
+def transform_covector(phi: Reparametrization, theta: PyTree, omega: PyTree) -> PyTree:
+    r"""Pull a covector back to ψ-coordinates: :math:`\hat\omega = J^{-\top}\omega` (paper 000, rule (c)).
+
+    :math:`J^{-1}(\psi)` is the Jacobian of :math:`\varphi^{-1}`, so this is one
+    ``jax.vjp`` through the inverse map, with no matrix inverse.  For a gradient
+    this is the chain rule: :math:`\nabla_\psi (L\circ\varphi^{-1}) = J^{-\top}\nabla_\theta L`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import reparam, transform_covector
+    >>> transform_covector(reparam.log(), jnp.array([2.0]), jnp.array([1.0]))  # dt = t d(log t)
+    Array([2.], dtype=float32)
+    """
+    check_same_structure(theta, omega, "the covector omega", "theta")
+    check_finite(omega, "the covector omega")
+    psi = phi.forward(theta)
+    _, inverse_vjp = jax.vjp(phi._inverse, psi)
+    (out,) = inverse_vjp(omega)
+    check_finite(out, f"transform_covector({phi.name})", hint=_singular_hint(phi))
+    return out
+
+
+def _transform_two_form(phi: Reparametrization, theta: PyTree, form: MetricLike, what: str) -> MetricLike:
+    psi = phi.forward(theta)
+    if _is_matrix(form):
+        check_square_matrix(form, tree_size(theta), what)
+        check_finite(form, what)
+        jinv = phi._dense_jacobian(phi._inverse, psi, "psi", max(DEFAULT_MAX_DENSE_SIZE, form.shape[0]))
+        out = jinv.T @ form @ jinv
+        return 0.5 * (out + out.T) if what == "the metric G" else out
+    if not callable(form):
+        raise GeometryError(f"{what} must be a dense square matrix or a callable v -> G v; got {type(form).__name__}.")
+
+    def transformed(u: PyTree) -> PyTree:
+        _, jinv_u = jax.jvp(phi._inverse, (psi,), (u,))
+        _, inverse_vjp = jax.vjp(phi._inverse, psi)
+        return inverse_vjp(form(jinv_u))[0]
+
+    return transformed
+
+
+def transform_metric(phi: Reparametrization, theta: PyTree, G: MetricLike) -> MetricLike:
+    r"""Transform a metric: :math:`\hat G = J^{-\top} G\, J^{-1}` (paper 000, rule (d)).
+
+    Parameters
+    ----------
+    phi
+        The reparametrization.
+    theta
+        The point, in θ-coordinates.
+    G
+        The metric at ``theta``: a dense symmetric positive-definite ``d x d`` matrix
+        (flattened coordinates), or a matrix-free callable ``v -> G v``.
+
+    Returns
+    -------
+    The metric at :math:`\psi=\varphi(\theta)` in the same form: a dense matrix, or
+    a callable ``u -> Ĝ u`` computed by ``jvp`` and ``vjp`` through
+    :math:`\varphi^{-1}` (never forming :math:`J`).
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import reparam, transform_metric
+    >>> transform_metric(reparam.scale(2.0), jnp.array([1.0]), jnp.eye(1))  # (1/2)^2
+    Array([[0.25]], dtype=float32)
+    """
+    if _is_matrix(G):
+        check_square_matrix(G, tree_size(theta), "the metric G")
+        check_spd(G, "the metric G")
+    return _transform_two_form(phi, theta, G, "the metric G")
+
+
+def transform_bilinear(phi: Reparametrization, theta: PyTree, B: MetricLike) -> MetricLike:
+    r"""Transform a bilinear form (e.g. a Hessian at a critical point): :math:`\hat B = J^{-\top} B J^{-1}`.
+
+    Same rule as :func:`transform_metric` but with no positive-definiteness
+    requirement (paper 000, Sec. 2.2 (d) and Sec. 3.1).
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import reparam, transform_bilinear
+    >>> transform_bilinear(reparam.scale(2.0), jnp.array([1.0]), -jnp.eye(1))
+    Array([[-0.25]], dtype=float32)
+    """
+    return _transform_two_form(phi, theta, B, "the bilinear form B")
+
+
+def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike) -> MetricLike:
+    r"""Transform a (1,1)-tensor such as :math:`E = G^{-1}H`: :math:`\hat E = J E J^{-1}` (paper 000, eq. 6).
+
+    Its trace, determinant and eigenvalues are invariant.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import reparam, transform_endomorphism
+    >>> E = jnp.array([[2.0, 1.0], [0.0, 3.0]])
+    >>> A = jnp.array([[1.0, 2.0], [0.0, 1.0]])
+    >>> E_hat = transform_endomorphism(reparam.affine(A), jnp.zeros(2), E)
+    >>> float(jnp.trace(E_hat))
+    5.0
+    """
+    psi = phi.forward(theta)
+    if _is_matrix(E):
+        check_square_matrix(E, tree_size(theta), "the endomorphism E")
+        check_finite(E, "the endomorphism E")
+        jac = phi._dense_jacobian(phi._forward, theta, "theta", max(DEFAULT_MAX_DENSE_SIZE, E.shape[0]))
+        jinv = phi._dense_jacobian(phi._inverse, psi, "psi", max(DEFAULT_MAX_DENSE_SIZE, E.shape[0]))
+        return jac @ E @ jinv
+    if not callable(E):
+        raise GeometryError(f"the endomorphism E must be a dense square matrix or a callable; got {type(E).__name__}.")
+
+    def transformed(u: PyTree) -> PyTree:
+        _, jinv_u = jax.jvp(phi._inverse, (psi,), (u,))
+        return phi.jvp(theta, E(jinv_u))[1]
+
+    return transformed
+
+
+def transform_metric_field(
+    phi: Reparametrization, metric_fn: Callable[[PyTree], jax.Array]
+) -> Callable[[PyTree], jax.Array]:
+    r"""A metric field in ψ-coordinates: :math:`\hat G(\psi) = J^{-\top} G(\varphi^{-1}(\psi)) J^{-1}`.
+
+    ``metric_fn`` maps a θ-point to its dense metric; the returned function maps
+    a ψ-point to the transformed dense metric.  Differentiable in ψ, so
+    Christoffel symbols of the transformed metric can be taken by autodiff.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import reparam, transform_metric_field
+    >>> G_polar = transform_metric_field(reparam.polar(), lambda t: jnp.eye(2))
+    >>> G_polar(jnp.array([2.0, 0.3])).round(6)  # diag(1, r^2)
+    Array([[1., 0.],
+           [0., 4.]], dtype=float32)
+    """
+
+    def field(psi: PyTree) -> jax.Array:
+        theta = phi.inverse(psi)
+        flat_psi, unravel_psi = ravel(psi)
+        jinv = jax.jacfwd(lambda f: ravel(phi._inverse(unravel_psi(f)))[0])(flat_psi)
+        return jinv.T @ metric_fn(theta) @ jinv
+
+    return field
+
+
+# ---------------------------------------------------------------------------
+# pushforward and pullback through arbitrary smooth maps
+# ---------------------------------------------------------------------------
+def pushforward(f: Callable[[PyTree], PyTree], x: PyTree, v: PyTree) -> PyTree:
+    r"""Push a tangent vector forward through any smooth map: :math:`df_x\,v = J_f(x)\,v`.
+
+    ``f`` need not be invertible (e.g. a network mapping parameters to outputs);
+    one ``jax.jvp``, so :math:`J_f` is never formed.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import pushforward
+    >>> pushforward(lambda w: jnp.array([w[0] * w[1]]), jnp.array([2.0, 3.0]), jnp.array([1.0, 0.0]))
+    Array([3.], dtype=float32)
+    """
+    check_same_structure(x, v, "the vector v", "the point x")
+    return jax.jvp(f, (x,), (v,))[1]
+
+
+def pullback_covector(f: Callable[[PyTree], PyTree], x: PyTree, omega: PyTree) -> PyTree:
+    r"""Pull a covector on the outputs of ``f`` back to its inputs: :math:`f^*\omega = J_f(x)^\top \omega`.
+
+    This is backpropagation: one ``jax.vjp``.  ``omega`` must have the structure
+    of ``f(x)``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import pullback_covector
+    >>> pullback_covector(lambda w: jnp.array([w[0] * w[1]]), jnp.array([2.0, 3.0]), jnp.array([1.0]))
+    Array([3., 2.], dtype=float32)
+    """
+    out, f_vjp = jax.vjp(f, x)
+    check_same_structure(out, omega, "the covector omega", "f(x)")
+    return f_vjp(omega)[0]
+
+
+# ---------------------------------------------------------------------------
+# pairings and the musical isomorphisms
+# ---------------------------------------------------------------------------
+def pair(omega: PyTree, v: PyTree) -> jax.Array:
+    r"""The action of a covector on a vector, :math:`\omega(v) = \sum_i \omega_i v^i`; invariant under reparametrization.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import pair
+    >>> float(pair(jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0])))
+    11.0
+    """
+    check_same_structure(omega, v, "the vector v", "the covector omega")
+    return tree_vdot(omega, v)
+
+
+def inner(G: MetricLike, u: PyTree, v: PyTree) -> jax.Array:
+    r"""The inner product :math:`\langle u, v\rangle_G = u^\top G v` of two vectors under a metric.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import inner
+    >>> float(inner(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 1.0]), jnp.array([1.0, 1.0])))
+    5.0
+    """
+    check_same_structure(u, v, "the vector v", "the vector u")
+    return tree_vdot(u, flat(G, v))
+
+
+def flat(G: MetricLike, v: PyTree) -> PyTree:
+    r"""Lower an index, :math:`v^\flat = G v`: the covector :math:`\langle v, \cdot\rangle_G`.
+
+    ``G`` is a dense matrix over the flattened coordinates of ``v`` or a callable
+    ``v -> G v``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import flat
+    >>> flat(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 1.0]))
+    Array([1., 4.], dtype=float32)
+    """
+    check_finite(v, "the vector v")
+    out = _as_operator(G, v, "the metric G")(v)
+    check_same_structure(v, out, "G v", "the vector v")
+    return out
+
+
+def sharp(
+    G: MetricLike,
+    omega: PyTree,
+    *,
+    damping: float = 0.0,
+    tol: float = 1e-6,
+    maxiter: int | None = None,
+) -> PyTree:
+    r"""Raise an index, :math:`\omega^\sharp = (G + \lambda I)^{-1}\omega`: the vector dual to a covector.
+
+    Applied to the differential :math:`\nabla L` this gives the Riemannian
+    gradient :math:`G^{-1}\nabla L` (paper 000, Sec. 2.2; paper 003,
+    "musical isomorphism").
+
+    Parameters
+    ----------
+    G
+        Dense symmetric positive-definite matrix (solved by Cholesky; its
+        positive definiteness is checked eagerly) or a callable ``v -> G v``
+        (solved by conjugate gradients, with a convergence check).
+    omega
+        The covector (array or pytree).
+    damping
+        :math:`\lambda \ge 0` added to the diagonal; use it for singular metrics.
+    tol, maxiter
+        Conjugate-gradient relative tolerance and iteration limit (matrix-free only).
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import sharp
+    >>> sharp(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 4.0]))
+    Array([1., 1.], dtype=float32)
+    """
+    check_finite(omega, "the covector omega")
+    if damping < 0:
+        raise GeometryError(f"damping must be >= 0, got {damping}.")
+    if _is_matrix(G):
+        check_square_matrix(G, tree_size(omega), "the metric G")
+        check_finite(G, "the metric G")
+        flat_omega, unravel = ravel(omega)
+        matrix = G + damping * jnp.eye(G.shape[0], dtype=G.dtype)
+        check_spd(matrix, "the metric G" + (" + damping * I" if damping else ""))
+        cho = jsl.cho_factor(matrix, lower=True)
+        return unravel(jsl.cho_solve(cho, flat_omega))
+    op = _as_operator(G, omega, "the metric G")
+    size = tree_size(omega)
+
+    def damped(v: PyTree) -> PyTree:
+        gv = op(v)
+        return jax.tree_util.tree_map(lambda a, b: a + damping * b, gv, v) if damping else gv
+
+    maxiter = maxiter if maxiter is not None else 10 * size
+    solution, _ = jax.scipy.sparse.linalg.cg(damped, omega, tol=tol, maxiter=maxiter)
+    if is_concrete(solution):
+        residual = jax.tree_util.tree_map(lambda a, b: a - b, damped(solution), omega)
+        res_norm = float(jnp.sqrt(tree_vdot(residual, residual)))
+        rhs_norm = float(jnp.sqrt(tree_vdot(omega, omega)))
+        curvature = float(tree_vdot(solution, damped(solution)))
+        if not np.isfinite(res_norm) or res_norm > 10 * tol * max(rhs_norm, 1e-30) or curvature <= 0:
+            raise GeometryError(
+                f"sharp: conjugate gradients did not converge (relative residual "
+                f"{res_norm / max(rhs_norm, 1e-30):.3g} after {maxiter} iterations). The metric is "
+                "probably singular or indefinite: add damping (e.g. damping=1e-3), or raise maxiter."
+            )
+    return solution

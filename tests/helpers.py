@@ -1,0 +1,45 @@
+"""Shared test helpers: random points, random reparametrizations, dense references."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.flatten_util import ravel_pytree
+
+import minigeo as mg
+from minigeo import reparam
+
+
+def rng(seed: int) -> np.random.Generator:
+    return np.random.default_rng(seed)
+
+
+def random_spd(r: np.random.Generator, n: int, cond: float = 10.0) -> jnp.ndarray:
+    """A random symmetric positive-definite matrix with condition number ``cond``."""
+    q, _ = np.linalg.qr(r.normal(size=(n, n)))
+    eig = np.geomspace(1.0, cond, n)
+    return jnp.asarray(q @ np.diag(eig) @ q.T)
+
+
+def random_invertible(r: np.random.Generator, n: int) -> jnp.ndarray:
+    """A random well-conditioned invertible matrix (singular values in [0.5, 2])."""
+    u, _ = np.linalg.qr(r.normal(size=(n, n)))
+    v, _ = np.linalg.qr(r.normal(size=(n, n)))
+    return jnp.asarray(u @ np.diag(r.uniform(0.5, 2.0, size=n)) @ v.T)
+
+
+def random_positive_reparam(r: np.random.Generator, n: int) -> mg.Reparametrization:
+    """A random reparametrization of the positive orthant: log or softplus, then an affine map."""
+    first = reparam.log() if r.uniform() < 0.5 else reparam.softplus()
+    return reparam.compose(first, reparam.affine(random_invertible(r, n), jnp.asarray(r.normal(size=n))))
+
+
+def dense_jacobian(fn, x) -> jnp.ndarray:
+    """Independent dense Jacobian of ``fn`` over flattened coordinates, by jax.jacrev."""
+    flat, unravel = ravel_pytree(x)
+    return jax.jacrev(lambda f: ravel_pytree(fn(unravel(f)))[0])(flat)
+
+
+def flatten(tree) -> jnp.ndarray:
+    return ravel_pytree(tree)[0]

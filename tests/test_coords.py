@@ -1,0 +1,315 @@
+"""Tests of minigeo.coords and minigeo.reparam against closed forms, dense autodiff and invariances."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import minigeo as mg
+from minigeo import reparam
+
+from helpers import dense_jacobian, flatten, random_invertible, random_positive_reparam, random_spd, rng
+
+# ---------------------------------------------------------------------------
+# built-in reparametrizations: closed-form Jacobians and round trips
+# ---------------------------------------------------------------------------
+
+
+def closed_form_cases():
+    r = rng(0)
+    theta_pos = jnp.asarray(r.uniform(0.2, 3.0, size=4))
+    A = random_invertible(r, 4)
+    b = jnp.asarray(r.normal(size=4))
+    xy = jnp.asarray([0.7, -1.3])
+    x, y = xy
+    rad = jnp.hypot(x, y)
+    return [
+        ("log", reparam.log(), theta_pos, jnp.diag(1.0 / theta_pos)),
+        ("softplus", reparam.softplus(), theta_pos, jnp.diag(1.0 / (1.0 - jnp.exp(-theta_pos)))),
+        ("scale", reparam.scale(60.0), theta_pos, 60.0 * jnp.eye(4)),
+        ("affine", reparam.affine(A, b), theta_pos, A),
+        ("polar", reparam.polar(), xy, jnp.array([[x / rad, y / rad], [-y / rad**2, x / rad**2]])),
+    ]
+
+
+@pytest.mark.parametrize("name,phi,theta,expected", closed_form_cases(), ids=lambda c: c if isinstance(c, str) else "")
+def test_jacobian_matches_closed_form(name, phi, theta, expected):
+    np.testing.assert_allclose(phi.jacobian(theta), expected, rtol=1e-12, atol=1e-12)
+    # The inverse Jacobian at psi is the matrix inverse of J (computed here by numpy).
+    psi = phi.forward(theta)
+    np.testing.assert_allclose(phi.inverse_jacobian(psi), np.linalg.inv(np.asarray(expected)), rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("name,phi,theta,expected", closed_form_cases(), ids=lambda c: c if isinstance(c, str) else "")
+def test_round_trip(name, phi, theta, expected):
+    np.testing.assert_allclose(phi.inverse(phi.forward(theta)), theta, rtol=1e-12)
+    phi.check_inverse(theta)
+    inv = phi.inverted()
+    np.testing.assert_allclose(inv.forward(phi.forward(theta)), theta, rtol=1e-12)
+
+
+def test_closed_form_values():
+    np.testing.assert_allclose(reparam.log().forward(jnp.array([1.0, np.e])), [0.0, 1.0])
+    np.testing.assert_allclose(reparam.softplus().inverse(jnp.array([0.0])), [np.log(2.0)])
+    np.testing.assert_allclose(reparam.polar().forward(jnp.array([0.0, 2.0])), [2.0, np.pi / 2])
+    np.testing.assert_allclose(reparam.polar().inverse(jnp.array([2.0, np.pi])), [-2.0, 0.0], atol=1e-15)
+    # softplus^{-1} stays accurate for large and tiny arguments
+    np.testing.assert_allclose(reparam.softplus().forward(jnp.array([50.0, 1e-8])), [50.0, np.log(np.expm1(1e-8))], rtol=1e-12)
+
+
+def test_compose_is_chain_rule():
+    r = rng(1)
+    A = random_invertible(r, 3)
+    theta = jnp.asarray(r.uniform(0.5, 2.0, size=3))
+    f, g = reparam.log(), reparam.affine(A)
+    fg = reparam.compose(f, g)
+    np.testing.assert_allclose(fg.forward(theta), A @ jnp.log(theta), rtol=1e-12)
+    np.testing.assert_allclose(fg.jacobian(theta), A @ jnp.diag(1 / theta), rtol=1e-12)
+    v = jnp.asarray(r.normal(size=3))
+    omega = jnp.asarray(r.normal(size=3))
+    G = random_spd(r, 3)
+    np.testing.assert_allclose(
+        mg.transform_vector(fg, theta, v), mg.transform_vector(g, f.forward(theta), mg.transform_vector(f, theta, v)), rtol=1e-12
+    )
+    np.testing.assert_allclose(
+        mg.transform_covector(fg, theta, omega),
+        mg.transform_covector(g, f.forward(theta), mg.transform_covector(f, theta, omega)),
+        rtol=1e-10,
+    )
+    np.testing.assert_allclose(
+        mg.transform_metric(fg, theta, G), mg.transform_metric(g, f.forward(theta), mg.transform_metric(f, theta, G)), rtol=1e-10
+    )
+
+
+# ---------------------------------------------------------------------------
+# transformation rules against dense references
+# ---------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_rules_match_dense_formulas(seed):
+    r = rng(seed)
+    n = 4
+    phi = random_positive_reparam(r, n)
+    theta = jnp.asarray(r.uniform(0.3, 2.0, size=n))
+    J = np.asarray(dense_jacobian(phi.forward, theta))
+    Jinv = np.linalg.inv(J)
+    v = jnp.asarray(r.normal(size=n))
+    omega = jnp.asarray(r.normal(size=n))
+    G = random_spd(r, n)
+    B = jnp.asarray(r.normal(size=(n, n)))
+    E = jnp.asarray(r.normal(size=(n, n)))
+    np.testing.assert_allclose(mg.transform_vector(phi, theta, v), J @ v, rtol=1e-10)
+    np.testing.assert_allclose(mg.transform_covector(phi, theta, omega), np.linalg.solve(J.T, omega), rtol=1e-9)
+    np.testing.assert_allclose(mg.transform_metric(phi, theta, G), Jinv.T @ G @ Jinv, rtol=1e-9)
+    np.testing.assert_allclose(mg.transform_bilinear(phi, theta, B), Jinv.T @ B @ Jinv, rtol=1e-9)
+    np.testing.assert_allclose(mg.transform_endomorphism(phi, theta, E), J @ E @ Jinv, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_matrix_free_rules_match_dense(seed):
+    r = rng(seed)
+    n = 5
+    phi = random_positive_reparam(r, n)
+    theta = jnp.asarray(r.uniform(0.3, 2.0, size=n))
+    G = random_spd(r, n)
+    E = jnp.asarray(r.normal(size=(n, n)))
+    u = jnp.asarray(r.normal(size=n))
+    G_hat = mg.transform_metric(phi, theta, G)
+    G_hat_mv = mg.transform_metric(phi, theta, lambda v: G @ v)
+    np.testing.assert_allclose(G_hat_mv(u), G_hat @ u, rtol=1e-9)
+    B_hat_mv = mg.transform_bilinear(phi, theta, lambda v: -G @ v)
+    np.testing.assert_allclose(B_hat_mv(u), -G_hat @ u, rtol=1e-9)
+    E_hat = mg.transform_endomorphism(phi, theta, E)
+    E_hat_mv = mg.transform_endomorphism(phi, theta, lambda v: E @ v)
+    np.testing.assert_allclose(E_hat_mv(u), E_hat @ u, rtol=1e-9, atol=1e-12)
+
+
+def test_gradient_transforms_as_covector_chain_rule():
+    r = rng(5)
+    n = 3
+    phi = random_positive_reparam(r, n)
+    theta = jnp.asarray(r.uniform(0.3, 2.0, size=n))
+
+    def loss(t):
+        return jnp.sum(jnp.sin(t) * t**2) + jnp.prod(t)
+
+    grad_theta = jax.grad(loss)(theta)
+    grad_psi = jax.grad(mg.transform_function(phi, loss))(phi.forward(theta))
+    np.testing.assert_allclose(mg.transform_covector(phi, theta, grad_theta), grad_psi, rtol=1e-10)
+    # transform_function: same value at corresponding points
+    np.testing.assert_allclose(mg.transform_function(phi, loss)(phi.forward(theta)), loss(theta), rtol=1e-12)
+
+
+def test_riemannian_gradient_transforms_as_vector():
+    """G^{-1} grad L is a vector: sharp in psi of the transformed objects = J (sharp in theta)."""
+    r = rng(6)
+    n = 3
+    phi = random_positive_reparam(r, n)
+    theta = jnp.asarray(r.uniform(0.3, 2.0, size=n))
+    G = random_spd(r, n)
+    omega = jnp.asarray(r.normal(size=n))
+    lhs = mg.sharp(mg.transform_metric(phi, theta, G), mg.transform_covector(phi, theta, omega))
+    rhs = mg.transform_vector(phi, theta, mg.sharp(G, omega))
+    np.testing.assert_allclose(lhs, rhs, rtol=1e-9)
+
+
+def test_metric_field_polar_closed_form():
+    field = mg.transform_metric_field(reparam.polar(), lambda t: jnp.eye(2))
+    for r_, a in [(2.0, 0.3), (0.5, -2.0), (3.0, 3.0)]:
+        np.testing.assert_allclose(field(jnp.array([r_, a])), np.diag([1.0, r_**2]), atol=1e-12)
+    # agrees with transform_metric pointwise for a non-constant metric field
+    metric_fn = lambda t: jnp.array([[2.0 + t[0] ** 2, t[0] * t[1]], [t[0] * t[1], 1.0 + t[1] ** 2]])
+    theta = jnp.array([0.4, 1.1])
+    phi = reparam.polar()
+    np.testing.assert_allclose(
+        mg.transform_metric_field(phi, metric_fn)(phi.forward(theta)),
+        mg.transform_metric(phi, theta, metric_fn(theta)),
+        rtol=1e-12,
+    )
+
+
+# ---------------------------------------------------------------------------
+# invariances: the rules preserve pairings, the naive rules do not
+# ---------------------------------------------------------------------------
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 6))
+def test_invariance_under_random_reparametrizations(seed, n):
+    r = rng(seed)
+    phi = random_positive_reparam(r, n)
+    theta = jnp.asarray(r.uniform(0.3, 2.0, size=n))
+    v, w, omega = (jnp.asarray(r.normal(size=n)) for _ in range(3))
+    G = random_spd(r, n)
+    v_hat, w_hat = mg.transform_vector(phi, theta, v), mg.transform_vector(phi, theta, w)
+    omega_hat = mg.transform_covector(phi, theta, omega)
+    G_hat = mg.transform_metric(phi, theta, G)
+    np.testing.assert_allclose(mg.pair(omega_hat, v_hat), mg.pair(omega, v), rtol=1e-8, atol=1e-10)
+    np.testing.assert_allclose(mg.inner(G_hat, v_hat, w_hat), mg.inner(G, v, w), rtol=1e-8, atol=1e-10)
+
+
+def test_naive_rules_break_invariance():
+    """Treating a covector as a vector (or not transforming G) changes the numbers."""
+    theta = jnp.array([2.0, 0.5])
+    phi = reparam.log()
+    v = jnp.array([1.0, 1.0])
+    omega = jnp.array([1.0, -3.0])
+    G = jnp.eye(2)
+    v_hat = mg.transform_vector(phi, theta, v)
+    naive_omega = mg.transform_vector(phi, theta, omega)  # wrong rule J omega
+    assert abs(float(mg.pair(naive_omega, v_hat) - mg.pair(omega, v))) > 1.0
+    assert abs(float(mg.inner(G, v_hat, v_hat) - mg.inner(G, v, v))) > 0.5  # G not transformed
+
+
+def test_pytree_points():
+    r = rng(7)
+    theta = {"w": jnp.asarray(r.uniform(0.5, 2.0, size=(2, 3))), "b": jnp.asarray(r.uniform(0.5, 2.0, size=(3,)))}
+    n = 9
+    phi = reparam.compose(reparam.softplus(), reparam.affine(random_invertible(r, n)))
+    v = jax.tree_util.tree_map(lambda t: jnp.asarray(r.normal(size=t.shape)), theta)
+    omega = jax.tree_util.tree_map(lambda t: jnp.asarray(r.normal(size=t.shape)), theta)
+    G = random_spd(r, n)
+    J = np.asarray(dense_jacobian(phi.forward, theta))
+    np.testing.assert_allclose(phi.jacobian(theta), J, rtol=1e-10)
+    v_hat = mg.transform_vector(phi, theta, v)
+    assert jax.tree_util.tree_structure(v_hat) == jax.tree_util.tree_structure(theta)
+    np.testing.assert_allclose(flatten(v_hat), J @ flatten(v), rtol=1e-10)
+    np.testing.assert_allclose(flatten(mg.transform_covector(phi, theta, omega)), np.linalg.solve(J.T, flatten(omega)), rtol=1e-9)
+    G_hat = mg.transform_metric(phi, theta, G)
+    np.testing.assert_allclose(
+        mg.inner(G_hat, v_hat, v_hat), mg.inner(G, v, v), rtol=1e-9
+    )
+    # musical isomorphisms on pytrees
+    np.testing.assert_allclose(flatten(mg.sharp(G, mg.flat(G, v))), flatten(v), rtol=1e-9)
+    # scale by a pytree of factors
+    c = jax.tree_util.tree_map(lambda t: 2.0 + jnp.zeros_like(t), theta)
+    np.testing.assert_allclose(flatten(reparam.scale(c).forward(theta)), 2.0 * flatten(theta))
+
+
+# ---------------------------------------------------------------------------
+# pushforward / pullback through non-invertible maps
+# ---------------------------------------------------------------------------
+
+
+def test_pushforward_and_pullback_match_jacobian():
+    r = rng(8)
+    W = jnp.asarray(r.normal(size=(3, 5)))
+
+    def net(w):
+        return jnp.tanh(W @ w) ** 2
+
+    x = jnp.asarray(r.normal(size=5))
+    v = jnp.asarray(r.normal(size=5))
+    omega = jnp.asarray(r.normal(size=3))
+    Jf = np.asarray(jax.jacrev(net)(x))
+    np.testing.assert_allclose(mg.pushforward(net, x, v), Jf @ v, rtol=1e-10)
+    np.testing.assert_allclose(mg.pullback_covector(net, x, omega), Jf.T @ omega, rtol=1e-10)
+    # duality: (f^* omega)(v) = omega(f_* v)
+    np.testing.assert_allclose(
+        mg.pair(mg.pullback_covector(net, x, omega), v), mg.pair(omega, mg.pushforward(net, x, v)), rtol=1e-10
+    )
+
+
+# ---------------------------------------------------------------------------
+# musical isomorphisms
+# ---------------------------------------------------------------------------
+
+
+def test_flat_sharp_dense_and_matrix_free():
+    r = rng(9)
+    n = 6
+    G = random_spd(r, n, cond=100.0)
+    v = jnp.asarray(r.normal(size=n))
+    omega = jnp.asarray(r.normal(size=n))
+    np.testing.assert_allclose(mg.flat(G, v), G @ v, rtol=1e-12)
+    np.testing.assert_allclose(mg.sharp(G, omega), np.linalg.solve(G, omega), rtol=1e-9)
+    np.testing.assert_allclose(mg.sharp(lambda u: G @ u, omega, tol=1e-12), np.linalg.solve(G, omega), rtol=1e-7)
+    np.testing.assert_allclose(mg.sharp(G, omega, damping=0.5), np.linalg.solve(G + 0.5 * np.eye(n), omega), rtol=1e-9)
+    np.testing.assert_allclose(
+        mg.sharp(lambda u: G @ u, omega, damping=0.5, tol=1e-12), np.linalg.solve(G + 0.5 * np.eye(n), omega), rtol=1e-7
+    )
+    np.testing.assert_allclose(mg.flat(G, mg.sharp(G, omega)), omega, rtol=1e-9)
+    # a singular metric works with damping
+    P = jnp.diag(jnp.array([1.0, 0.0, 2.0]))
+    np.testing.assert_allclose(mg.sharp(P, jnp.ones(3), damping=1.0), [0.5, 1.0, 1 / 3], rtol=1e-12)
+
+
+# ---------------------------------------------------------------------------
+# jit and vmap compatibility
+# ---------------------------------------------------------------------------
+
+
+def test_jit_and_vmap():
+    r = rng(10)
+    phi = reparam.polar()
+    thetas = jnp.asarray(r.normal(size=(7, 2))) + 3.0
+    vs = jnp.asarray(r.normal(size=(7, 2)))
+    G = random_spd(r, 2)
+    eager = jnp.stack([mg.transform_vector(phi, t, v) for t, v in zip(thetas, vs)])
+    batched = jax.vmap(lambda t, v: mg.transform_vector(phi, t, v))(thetas, vs)
+    jitted = jax.jit(jax.vmap(lambda t, v: mg.transform_covector(phi, t, v)))(thetas, vs)
+    np.testing.assert_allclose(batched, eager, rtol=1e-12)
+    np.testing.assert_allclose(jitted[0], mg.transform_covector(phi, thetas[0], vs[0]), rtol=1e-12)
+    metric_jit = jax.jit(lambda t: mg.transform_metric(phi, t, G))
+    np.testing.assert_allclose(metric_jit(thetas[1]), mg.transform_metric(phi, thetas[1], G), rtol=1e-12)
+    sharp_jit = jax.jit(lambda w: mg.sharp(G, w))
+    np.testing.assert_allclose(sharp_jit(vs[0]), np.linalg.solve(G, vs[0]), rtol=1e-9)
+    sharp_cg_jit = jax.jit(lambda w: mg.sharp(lambda u: G @ u, w, tol=1e-12))
+    np.testing.assert_allclose(sharp_cg_jit(vs[0]), np.linalg.solve(G, vs[0]), rtol=1e-7)
+    grad_of_transformed = jax.jit(jax.grad(lambda t: jnp.sum(mg.transform_vector(phi, t, vs[0]) ** 2)))
+    assert np.all(np.isfinite(grad_of_transformed(thetas[0])))
+
+
+def test_float32_stays_float32():
+    # x64 is on in the tests; explicitly float32 inputs must still give float32 outputs.
+    theta = jnp.array([1.0, 2.0], dtype=jnp.float32)
+    out = mg.transform_covector(reparam.log(), theta, jnp.ones(2, dtype=jnp.float32))
+    assert out.dtype == jnp.float32
+    np.testing.assert_allclose(out, [1.0, 2.0], rtol=1e-6)
+    vec = mg.transform_vector(reparam.polar(), theta, jnp.ones(2, dtype=jnp.float32))
+    assert vec.dtype == jnp.float32
