@@ -111,7 +111,15 @@ class Reparametrization:
     12.0
     """
 
-    __slots__ = ("_forward", "_inverse", "name", "_domain", "_codomain", "domain_description", "codomain_description")
+    __slots__ = (
+        "_forward",
+        "_inverse",
+        "name",
+        "_domain",
+        "_codomain",
+        "domain_description",
+        "codomain_description",
+    )
 
     def __init__(
         self,
@@ -213,7 +221,9 @@ class Reparametrization:
                 f"{self.name} maps {jac.shape[1]} coordinates to {jac.shape[0]}: a reparametrization "
                 "must keep the number of coordinates (its Jacobian must be square)."
             )
-        check_finite(jac, f"The Jacobian of {self.name} at {what}", hint="The map is not differentiable there.")
+        check_finite(
+            jac, f"The Jacobian of {self.name} at {what}", hint="The map is not differentiable there."
+        )
         if is_concrete(jac) and jac.size:
             sv = np.linalg.svd(np.asarray(jac, dtype=np.float64), compute_uv=False)
             eps = np.finfo(np.asarray(jac).dtype).eps
@@ -347,7 +357,9 @@ def _transform_two_form(phi: Reparametrization, theta: PyTree, form: MetricLike,
         out = jinv.T @ form @ jinv
         return 0.5 * (out + out.T) if what == "the metric G" else out
     if not callable(form):
-        raise GeometryError(f"{what} must be a dense square matrix or a callable v -> G v; got {type(form).__name__}.")
+        raise GeometryError(
+            f"{what} must be a dense square matrix or a callable v -> G v; got {type(form).__name__}."
+        )
 
     def transformed(u: PyTree) -> PyTree:
         _, jinv_u = jax.jvp(phi._inverse, (psi,), (u,))
@@ -428,7 +440,9 @@ def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike)
         jinv = phi._dense_jacobian(phi._inverse, psi, "psi", max(DEFAULT_MAX_DENSE_SIZE, E.shape[0]))
         return jac @ E @ jinv
     if not callable(E):
-        raise GeometryError(f"the endomorphism E must be a dense square matrix or a callable; got {type(E).__name__}.")
+        raise GeometryError(
+            f"the endomorphism E must be a dense square matrix or a callable; got {type(E).__name__}."
+        )
 
     def transformed(u: PyTree) -> PyTree:
         _, jinv_u = jax.jvp(phi._inverse, (psi,), (u,))

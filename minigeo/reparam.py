@@ -158,7 +158,9 @@ def affine(A: Any, b: Any = None) -> Reparametrization:
         check_finite(A, "affine(A, b): A")
         check_finite(b, "affine(A, b): b")
         sv = np.linalg.svd(np.asarray(A, dtype=np.float64), compute_uv=False)
-        eps = np.finfo(np.asarray(A).dtype if np.issubdtype(np.asarray(A).dtype, np.floating) else np.float64).eps
+        eps = np.finfo(
+            np.asarray(A).dtype if np.issubdtype(np.asarray(A).dtype, np.floating) else np.float64
+        ).eps
         if sv[-1] <= eps * n * sv[0]:
             raise GeometryError(
                 f"affine(A, b): A is singular (smallest singular value {sv[-1]:.3g}, largest "
@@ -187,7 +189,9 @@ def affine(A: Any, b: Any = None) -> Reparametrization:
 
 def _check_plane(x: jax.Array, what: str) -> None:
     if jnp.shape(x) != (2,):
-        raise GeometryError(f"polar() acts on points of the plane, shape (2,); {what} has shape {jnp.shape(x)}.")
+        raise GeometryError(
+            f"polar() acts on points of the plane, shape (2,); {what} has shape {jnp.shape(x)}."
+        )
 
 
 def polar() -> Reparametrization:

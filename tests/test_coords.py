@@ -6,13 +6,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import dense_jacobian, flatten, random_invertible, random_positive_reparam, random_spd, rng
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import minigeo as mg
 from minigeo import reparam
-
-from helpers import dense_jacobian, flatten, random_invertible, random_positive_reparam, random_spd, rng
 
 # ---------------------------------------------------------------------------
 # built-in reparametrizations: closed-form Jacobians and round trips
@@ -36,15 +35,21 @@ def closed_form_cases():
     ]
 
 
-@pytest.mark.parametrize("name,phi,theta,expected", closed_form_cases(), ids=lambda c: c if isinstance(c, str) else "")
+@pytest.mark.parametrize(
+    "name,phi,theta,expected", closed_form_cases(), ids=lambda c: c if isinstance(c, str) else ""
+)
 def test_jacobian_matches_closed_form(name, phi, theta, expected):
     np.testing.assert_allclose(phi.jacobian(theta), expected, rtol=1e-12, atol=1e-12)
     # The inverse Jacobian at psi is the matrix inverse of J (computed here by numpy).
     psi = phi.forward(theta)
-    np.testing.assert_allclose(phi.inverse_jacobian(psi), np.linalg.inv(np.asarray(expected)), rtol=1e-10, atol=1e-12)
+    np.testing.assert_allclose(
+        phi.inverse_jacobian(psi), np.linalg.inv(np.asarray(expected)), rtol=1e-10, atol=1e-12
+    )
 
 
-@pytest.mark.parametrize("name,phi,theta,expected", closed_form_cases(), ids=lambda c: c if isinstance(c, str) else "")
+@pytest.mark.parametrize(
+    "name,phi,theta,expected", closed_form_cases(), ids=lambda c: c if isinstance(c, str) else ""
+)
 def test_round_trip(name, phi, theta, expected):
     np.testing.assert_allclose(phi.inverse(phi.forward(theta)), theta, rtol=1e-12)
     phi.check_inverse(theta)
@@ -58,7 +63,9 @@ def test_closed_form_values():
     np.testing.assert_allclose(reparam.polar().forward(jnp.array([0.0, 2.0])), [2.0, np.pi / 2])
     np.testing.assert_allclose(reparam.polar().inverse(jnp.array([2.0, np.pi])), [-2.0, 0.0], atol=1e-15)
     # softplus^{-1} stays accurate for large and tiny arguments
-    np.testing.assert_allclose(reparam.softplus().forward(jnp.array([50.0, 1e-8])), [50.0, np.log(np.expm1(1e-8))], rtol=1e-12)
+    np.testing.assert_allclose(
+        reparam.softplus().forward(jnp.array([50.0, 1e-8])), [50.0, np.log(np.expm1(1e-8))], rtol=1e-12
+    )
 
 
 def test_compose_is_chain_rule():
@@ -73,7 +80,9 @@ def test_compose_is_chain_rule():
     omega = jnp.asarray(r.normal(size=3))
     G = random_spd(r, 3)
     np.testing.assert_allclose(
-        mg.transform_vector(fg, theta, v), mg.transform_vector(g, f.forward(theta), mg.transform_vector(f, theta, v)), rtol=1e-12
+        mg.transform_vector(fg, theta, v),
+        mg.transform_vector(g, f.forward(theta), mg.transform_vector(f, theta, v)),
+        rtol=1e-12,
     )
     np.testing.assert_allclose(
         mg.transform_covector(fg, theta, omega),
@@ -81,7 +90,9 @@ def test_compose_is_chain_rule():
         rtol=1e-10,
     )
     np.testing.assert_allclose(
-        mg.transform_metric(fg, theta, G), mg.transform_metric(g, f.forward(theta), mg.transform_metric(f, theta, G)), rtol=1e-10
+        mg.transform_metric(fg, theta, G),
+        mg.transform_metric(g, f.forward(theta), mg.transform_metric(f, theta, G)),
+        rtol=1e-10,
     )
 
 
@@ -104,7 +115,9 @@ def test_rules_match_dense_formulas(seed):
     B = jnp.asarray(r.normal(size=(n, n)))
     E = jnp.asarray(r.normal(size=(n, n)))
     np.testing.assert_allclose(mg.transform_vector(phi, theta, v), J @ v, rtol=1e-10)
-    np.testing.assert_allclose(mg.transform_covector(phi, theta, omega), np.linalg.solve(J.T, omega), rtol=1e-9)
+    np.testing.assert_allclose(
+        mg.transform_covector(phi, theta, omega), np.linalg.solve(J.T, omega), rtol=1e-9
+    )
     np.testing.assert_allclose(mg.transform_metric(phi, theta, G), Jinv.T @ G @ Jinv, rtol=1e-9)
     np.testing.assert_allclose(mg.transform_bilinear(phi, theta, B), Jinv.T @ B @ Jinv, rtol=1e-9)
     np.testing.assert_allclose(mg.transform_endomorphism(phi, theta, E), J @ E @ Jinv, rtol=1e-9, atol=1e-12)
@@ -208,7 +221,10 @@ def test_naive_rules_break_invariance():
 
 def test_pytree_points():
     r = rng(7)
-    theta = {"w": jnp.asarray(r.uniform(0.5, 2.0, size=(2, 3))), "b": jnp.asarray(r.uniform(0.5, 2.0, size=(3,)))}
+    theta = {
+        "w": jnp.asarray(r.uniform(0.5, 2.0, size=(2, 3))),
+        "b": jnp.asarray(r.uniform(0.5, 2.0, size=(3,))),
+    }
     n = 9
     phi = reparam.compose(reparam.softplus(), reparam.affine(random_invertible(r, n)))
     v = jax.tree_util.tree_map(lambda t: jnp.asarray(r.normal(size=t.shape)), theta)
@@ -219,11 +235,11 @@ def test_pytree_points():
     v_hat = mg.transform_vector(phi, theta, v)
     assert jax.tree_util.tree_structure(v_hat) == jax.tree_util.tree_structure(theta)
     np.testing.assert_allclose(flatten(v_hat), J @ flatten(v), rtol=1e-10)
-    np.testing.assert_allclose(flatten(mg.transform_covector(phi, theta, omega)), np.linalg.solve(J.T, flatten(omega)), rtol=1e-9)
-    G_hat = mg.transform_metric(phi, theta, G)
     np.testing.assert_allclose(
-        mg.inner(G_hat, v_hat, v_hat), mg.inner(G, v, v), rtol=1e-9
+        flatten(mg.transform_covector(phi, theta, omega)), np.linalg.solve(J.T, flatten(omega)), rtol=1e-9
     )
+    G_hat = mg.transform_metric(phi, theta, G)
+    np.testing.assert_allclose(mg.inner(G_hat, v_hat, v_hat), mg.inner(G, v, v), rtol=1e-9)
     # musical isomorphisms on pytrees
     np.testing.assert_allclose(flatten(mg.sharp(G, mg.flat(G, v))), flatten(v), rtol=1e-9)
     # scale by a pytree of factors
@@ -268,10 +284,16 @@ def test_flat_sharp_dense_and_matrix_free():
     omega = jnp.asarray(r.normal(size=n))
     np.testing.assert_allclose(mg.flat(G, v), G @ v, rtol=1e-12)
     np.testing.assert_allclose(mg.sharp(G, omega), np.linalg.solve(G, omega), rtol=1e-9)
-    np.testing.assert_allclose(mg.sharp(lambda u: G @ u, omega, tol=1e-12), np.linalg.solve(G, omega), rtol=1e-7)
-    np.testing.assert_allclose(mg.sharp(G, omega, damping=0.5), np.linalg.solve(G + 0.5 * np.eye(n), omega), rtol=1e-9)
     np.testing.assert_allclose(
-        mg.sharp(lambda u: G @ u, omega, damping=0.5, tol=1e-12), np.linalg.solve(G + 0.5 * np.eye(n), omega), rtol=1e-7
+        mg.sharp(lambda u: G @ u, omega, tol=1e-12), np.linalg.solve(G, omega), rtol=1e-7
+    )
+    np.testing.assert_allclose(
+        mg.sharp(G, omega, damping=0.5), np.linalg.solve(G + 0.5 * np.eye(n), omega), rtol=1e-9
+    )
+    np.testing.assert_allclose(
+        mg.sharp(lambda u: G @ u, omega, damping=0.5, tol=1e-12),
+        np.linalg.solve(G + 0.5 * np.eye(n), omega),
+        rtol=1e-7,
     )
     np.testing.assert_allclose(mg.flat(G, mg.sharp(G, omega)), omega, rtol=1e-9)
     # a singular metric works with damping

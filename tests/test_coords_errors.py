@@ -5,11 +5,10 @@ from __future__ import annotations
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import random_spd, rng
 
 import minigeo as mg
 from minigeo import reparam
-
-from helpers import random_spd, rng
 
 
 def test_geometry_error_is_value_error():

@@ -1,0 +1,32 @@
+#!/usr/bin/env bash
+# Set up the environment and run every test:
+#   1. minigeo unit tests (float64, tests/)
+#   2. the executed examples in minigeo's docstrings (doctest)
+#   3. nbval over every chapter notebook (re-executes them, compares tagged outputs)
+#   4. the book build with -W -n (any Sphinx warning or failing cell fails)
+#   5. a headless-browser smoke check of the rendered pages (offline)
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+bash scripts/setup.sh
+export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu
+
+if ! command -v chromium >/dev/null 2>&1; then
+  echo "test: installing Debian's chromium for the rendered-book check"
+  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
+fi
+
+echo "== 1/5 unit tests"
+python -m pytest tests
+echo "== 2/5 docstring examples"
+python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider
+echo "== 3/5 notebooks (nbval)"
+python -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book/ -p no:cacheprovider
+echo "== 4/5 book build (-W -n)"
+rm -rf _build
+jupyter-book build . -W -n --keep-going
+test -f _build/html/index.html
+echo "== 5/5 rendered book in a headless browser"
+python scripts/check_rendered_book.py
+echo "test: all checks passed"

@@ -1,0 +1,100 @@
+"""Structural checks of the book: every chapter is in the TOC, executed, tagged, and installs on Colab."""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+import tomllib
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+NOTEBOOKS = sorted((ROOT / "book").glob("*.ipynb"))
+
+
+def toc_files() -> list[str]:
+    toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
+    files = [toc["root"]]
+    for part in toc["parts"]:
+        files += [chapter["file"] for chapter in part["chapters"]]
+    return files
+
+
+def repository_url() -> str:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())
+    return meta["project"]["urls"]["Homepage"]
+
+
+def code_cells(path: Path) -> list[dict]:
+    return [c for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "code"]
+
+
+def test_there_are_chapters():
+    assert NOTEBOOKS, "book/ has no chapter notebooks"
+
+
+def test_every_toc_entry_exists_and_every_notebook_is_listed():
+    listed = toc_files()
+    for entry in listed:
+        assert any((ROOT / f"{entry}{ext}").exists() for ext in (".md", ".ipynb")), (
+            f"{entry} is in _toc.yml but missing"
+        )
+    for nb in NOTEBOOKS:
+        assert f"book/{nb.stem}" in listed, f"{nb.name} is not in _toc.yml"
+
+
+def test_config_points_at_the_same_repository():
+    config = yaml.safe_load((ROOT / "_config.yml").read_text())
+    assert config["repository"]["url"] == repository_url()
+    assert config["launch_buttons"]["colab_url"] == "https://colab.research.google.com"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_first_code_cell_installs_minigeo_on_colab_only(nb):
+    first = "".join(code_cells(nb)[0]["source"])
+    assert '"google.colab" in sys.modules' in first
+    urls = re.findall(r"git\+(\S+?)\"", first)
+    assert urls == [repository_url()], f"{nb.name}: Colab install must use {repository_url()}, found {urls}"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_is_executed_tagged_and_clean(nb):
+    cells = code_cells(nb)
+    unexecuted = [
+        i for i, c in enumerate(cells) if "".join(c["source"]).strip() and c.get("execution_count") is None
+    ]
+    assert not unexecuted, (
+        f"{nb.name}: code cells {unexecuted} have no saved outputs; run `jupyter execute --inplace`"
+    )
+    errors = [o for c in cells for o in c.get("outputs", []) if o["output_type"] == "error"]
+    assert not errors, f"{nb.name}: saved outputs contain errors"
+    checked = [c for c in cells if "nbval-check-output" in c.get("metadata", {}).get("tags", [])]
+    assert len(checked) >= 3, f"{nb.name}: tag the cells printing key numbers with nbval-check-output"
+    for c in checked:
+        assert any(o["output_type"] == "stream" for o in c["outputs"]), (
+            f"{nb.name}: a checked cell prints nothing"
+        )
+    stderr = [o for c in checked for o in c["outputs"] if o.get("name") == "stderr"]
+    assert not stderr, f"{nb.name}: checked cells write to stderr (warnings make nbval flaky)"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_has_size_knob_and_exercises(nb):
+    text = nb.read_text()
+    assert 'SIZE = \\"cpu\\"' in text, f'{nb.name}: needs the SIZE = "cpu" knob next to the setup cell'
+    assert "## Exercises" in text
+    hidden = [c for c in code_cells(nb) if "hide-input" in c.get("metadata", {}).get("tags", [])]
+    assert hidden, f"{nb.name}: exercises need solutions in hide-input cells"
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_notebook_uses_only_public_minigeo_names(nb):
+    import minigeo
+
+    public = set(minigeo.__all__)
+    source = "\n".join("".join(c["source"]) for c in code_cells(nb))
+    used = set(re.findall(r"\bmg\.([A-Za-z_]\w*)", source))
+    assert used <= public, f"{nb.name}: uses non-public names {sorted(used - public)}"
+    assert not re.search(r"minigeo\._", source), f"{nb.name}: imports a private minigeo module"
