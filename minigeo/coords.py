@@ -34,8 +34,6 @@ from __future__ import annotations
 from typing import Any, Callable, Union
 
 import jax
-import jax.numpy as jnp
-import jax.scipy.linalg as jsl
 import numpy as np
 
 from ._checks import (
@@ -46,6 +44,7 @@ from ._checks import (
     check_square_matrix,
     is_concrete,
 )
+from ._linalg import solve_spd_cg, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
 
 __all__ = [
@@ -602,34 +601,7 @@ def sharp(
     Array([1., 1.], dtype=float32)
     """
     check_finite(omega, "the covector omega")
-    if damping < 0:
-        raise GeometryError(f"damping must be >= 0, got {damping}.")
     if _is_matrix(G):
-        check_square_matrix(G, tree_size(omega), "the metric G")
-        check_finite(G, "the metric G")
-        flat_omega, unravel = ravel(omega)
-        matrix = G + damping * jnp.eye(G.shape[0], dtype=G.dtype)
-        check_spd(matrix, "the metric G" + (" + damping * I" if damping else ""))
-        cho = jsl.cho_factor(matrix, lower=True)
-        return unravel(jsl.cho_solve(cho, flat_omega))
+        return solve_spd_dense(G, omega, damping=damping, what="the metric G")
     op = _as_operator(G, omega, "the metric G")
-    size = tree_size(omega)
-
-    def damped(v: PyTree) -> PyTree:
-        gv = op(v)
-        return jax.tree_util.tree_map(lambda a, b: a + damping * b, gv, v) if damping else gv
-
-    maxiter = maxiter if maxiter is not None else 10 * size
-    solution, _ = jax.scipy.sparse.linalg.cg(damped, omega, tol=tol, maxiter=maxiter)
-    if is_concrete(solution):
-        residual = jax.tree_util.tree_map(lambda a, b: a - b, damped(solution), omega)
-        res_norm = float(jnp.sqrt(tree_vdot(residual, residual)))
-        rhs_norm = float(jnp.sqrt(tree_vdot(omega, omega)))
-        curvature = float(tree_vdot(solution, damped(solution)))
-        if not np.isfinite(res_norm) or res_norm > 10 * tol * max(rhs_norm, 1e-30) or curvature <= 0:
-            raise GeometryError(
-                f"sharp: conjugate gradients did not converge (relative residual "
-                f"{res_norm / max(rhs_norm, 1e-30):.3g} after {maxiter} iterations). The metric is "
-                "probably singular or indefinite: add damping (e.g. damping=1e-3), or raise maxiter."
-            )
-    return solution
+    return solve_spd_cg(op, omega, damping=damping, tol=tol, maxiter=maxiter, what="the metric G")
