@@ -6,11 +6,14 @@ names are re-exported here; everything else is private and may change.
 Modules (floors: a module imports only from floors below it)
 
 * floor 1 ``_checks``, ``_tree``: validation and error messages, pytree helpers.
+* floor 1 ``_linalg``: Cholesky and conjugate-gradient solves with checks.
 * floor 2 :mod:`minigeo.coords`: reparametrizations, transformation rules, ♭/♯
-  (chapter 1); :mod:`minigeo.reparam`: built-in reparametrizations.
+  (chapter 1); :mod:`minigeo.reparam`: built-in reparametrizations;
+  :mod:`minigeo.metrics`: matrix-free metrics (GGN, Fisher, empirical Fisher,
+  pullbacks; chapter 2).
 """
 
-from . import reparam
+from . import metrics, reparam
 from ._checks import GeometryError
 from .coords import (
     MetricLike,
@@ -29,6 +32,19 @@ from .coords import (
     transform_metric_field,
     transform_vector,
 )
+from .metrics import (
+    Likelihood,
+    Metric,
+    categorical_likelihood,
+    diagonal,
+    empirical_fisher,
+    euclidean,
+    fisher,
+    gaussian_likelihood,
+    ggn,
+    pullback,
+)
+from .metrics import dense as dense_metric
 
 __version__ = "0.1.0"
 
@@ -51,4 +67,16 @@ __all__ = [
     "inner",
     "flat",
     "sharp",
+    "metrics",
+    "Metric",
+    "Likelihood",
+    "euclidean",
+    "diagonal",
+    "dense_metric",
+    "pullback",
+    "ggn",
+    "fisher",
+    "empirical_fisher",
+    "categorical_likelihood",
+    "gaussian_likelihood",
 ]

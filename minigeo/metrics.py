@@ -1,0 +1,536 @@
+r"""Metrics on parameter space, matrix-free (floor 2, chapter 2).
+
+A :class:`Metric` gives, at a point ``params`` (a pytree), the linear map
+:math:`v \mapsto G(\theta)\,v` on pytrees shaped like ``params``; for small
+models it also builds the dense matrix.  Constructors:
+
+==========================================  ==============================================================
+constructor                                 :math:`G(\theta)`
+==========================================  ==============================================================
+:func:`euclidean`                           :math:`I`
+:func:`diagonal` ``(weights)``              :math:`\mathrm{diag}(w)`
+:func:`dense` ``(matrix_fn)``               any user matrix field
+:func:`pullback` ``(f, output_metric)``     :math:`J_f^\top G_z J_f` (paper 003, "pullback metric")
+:func:`ggn` ``(model_fn, loss_fn)``         :math:`J^\top H_z J`, :math:`H_z = \nabla_z^2 \ell` (paper 000, eq. 3)
+:func:`fisher` ``(model_fn, likelihood)``   :math:`J^\top F_z J`, :math:`F_z` the output-space Fisher (exact or Monte Carlo)
+:func:`empirical_fisher` ``(model_fn, l)``  :math:`\frac1N\sum_n J_n^\top g_n g_n^\top J_n`, :math:`g_n = \nabla_{z_n}\ell_n` at the training targets
+==========================================  ==============================================================
+
+Products go jvp → output-space product → vjp, so the :math:`N k \times d`
+Jacobian is never formed (paper 003, ``pullback_mvp``/``gnhvp``).  All metrics
+of the pullback family (12) of paper 000 transform correctly under
+reparametrization by autodiff alone: evaluating them on ``model_fn ∘ φ⁻¹`` gives
+:math:`J^{-\top} G J^{-1}`.
+
+Conventions: for :func:`fisher` and :func:`empirical_fisher` the model output is
+an array whose leading axis is the batch; ``reduction="mean"`` divides by the
+batch size (matching a mean loss), ``"sum"`` does not.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._checks import GeometryError, check_finite, check_same_structure, check_spd, is_concrete
+from ._linalg import solve_spd_cg, solve_spd_dense
+from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
+
+__all__ = [
+    "Metric",
+    "Likelihood",
+    "euclidean",
+    "diagonal",
+    "dense",
+    "pullback",
+    "ggn",
+    "fisher",
+    "empirical_fisher",
+    "categorical_likelihood",
+    "gaussian_likelihood",
+]
+
+MvFn = Callable[[PyTree, PyTree], PyTree]
+
+
+@dataclass(frozen=True)
+class Metric:
+    r"""A metric field :math:`\theta \mapsto G(\theta)` given by matrix-vector products.
+
+    Parameters
+    ----------
+    mv_fn
+        ``mv_fn(params, v)`` returns :math:`G(\theta) v` (without damping).
+    name
+        Shown in error messages.
+    damping
+        :math:`\lambda \ge 0`; :meth:`mv` returns :math:`(G + \lambda I) v`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> G = mg.metrics.diagonal(jnp.array([1.0, 4.0]))
+    >>> G.mv(jnp.zeros(2), jnp.array([1.0, 1.0]))
+    Array([1., 4.], dtype=float32)
+    >>> G.with_damping(0.5).dense(jnp.zeros(2))
+    Array([[1.5, 0. ],
+           [0. , 4.5]], dtype=float32)
+    """
+
+    mv_fn: MvFn
+    name: str = "metric"
+    damping: float = 0.0
+
+    def __post_init__(self) -> None:
+        if not callable(self.mv_fn):
+            raise GeometryError(f"Metric needs a callable mv_fn(params, v); got {type(self.mv_fn).__name__}.")
+        if isinstance(self.damping, (int, float)) and not self.damping >= 0:
+            raise GeometryError(f"{self.name}: damping must be >= 0, got {self.damping}.")
+
+    def mv(self, params: PyTree, v: PyTree) -> PyTree:
+        r""":math:`(G(\theta) + \lambda I)\,v` for a tangent vector ``v`` shaped like ``params``."""
+        check_same_structure(params, v, "the vector v", "params")
+        out = self.mv_fn(params, v)
+        if self.damping:
+            out = jax.tree_util.tree_map(lambda a, b: a + self.damping * b, out, v)
+        return out
+
+    def at(self, params: PyTree) -> Callable[[PyTree], PyTree]:
+        """The linear map ``v -> G v`` at a fixed point (a ``MetricLike`` for :mod:`minigeo.coords`)."""
+        return lambda v: self.mv(params, v)
+
+    def inner(self, params: PyTree, u: PyTree, v: PyTree) -> jax.Array:
+        r""":math:`\langle u, v\rangle_{G(\theta)} = u^\top G v`."""
+        check_same_structure(u, v, "the vector v", "the vector u")
+        return tree_vdot(u, self.mv(params, v))
+
+    def with_damping(self, damping: float) -> "Metric":
+        r"""The same metric plus :math:`\lambda I` (replacing any previous damping)."""
+        return Metric(self.mv_fn, self.name, damping)
+
+    def dense(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
+        """The dense ``d x d`` matrix over the flattened parameters (``ravel_pytree`` order).
+
+        Built from ``d`` matrix-vector products (vectorised with ``vmap``);
+        refuses above ``max_size`` parameters.
+        """
+        flat, unravel = ravel(params)
+        check_dense_size(flat.size, max_size, f"The {self.name} metric")
+        basis = jnp.eye(flat.size, dtype=flat.dtype)
+        columns = jax.vmap(lambda e: ravel(self.mv(params, unravel(e)))[0])(basis)
+        return columns.T
+
+    def solve(
+        self,
+        params: PyTree,
+        rhs: PyTree,
+        *,
+        method: str = "cg",
+        tol: float = 1e-6,
+        maxiter: int | None = None,
+        max_size: int = DEFAULT_MAX_DENSE_SIZE,
+    ) -> PyTree:
+        r""":math:`(G + \lambda I)^{-1}\,\mathrm{rhs}`: conjugate gradients (``"cg"``) or Cholesky (``"dense"``).
+
+        Raises :class:`GeometryError` if the (damped) metric is singular or
+        indefinite, with the advice to add damping.
+        """
+        check_same_structure(params, rhs, "the right-hand side", "params")
+        if method == "dense":
+            return solve_spd_dense(
+                self.with_damping(0.0).dense(params, max_size=max_size),
+                rhs,
+                damping=self.damping,
+                what=f"the {self.name} metric",
+            )
+        if method == "cg":
+            return solve_spd_cg(
+                self.at(params), rhs, tol=tol, maxiter=maxiter, what=f"the {self.name} metric"
+            )
+        raise GeometryError(f"Metric.solve: method must be 'cg' or 'dense', got {method!r}.")
+
+    def check_positive_definite(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> None:
+        """Raise :class:`GeometryError` unless the dense (damped) metric is symmetric positive definite."""
+        check_spd(
+            self.dense(params, max_size=max_size),
+            f"the {self.name} metric" + (" + damping * I" if self.damping else ""),
+        )
+
+
+# ---------------------------------------------------------------------------
+# simple metrics
+# ---------------------------------------------------------------------------
+def euclidean() -> Metric:
+    r"""The Euclidean metric :math:`G = I`: what plain gradient descent assumes.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.metrics.euclidean().mv(jnp.zeros(2), jnp.array([1.0, 2.0]))
+    Array([1., 2.], dtype=float32)
+    """
+    return Metric(lambda params, v: v, "euclidean")
+
+
+def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
+    r"""A diagonal metric :math:`G = \mathrm{diag}(w)`, with ``w`` a positive pytree like the parameters or a function of them.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.metrics.diagonal(lambda p: p**2).mv(jnp.array([2.0, 3.0]), jnp.ones(2))
+    Array([4., 9.], dtype=float32)
+    """
+    weight_fn = weights if callable(weights) else (lambda params: weights)
+
+    def mv(params: PyTree, v: PyTree) -> PyTree:
+        w = weight_fn(params)
+        check_same_structure(params, w, "the diagonal weights", "params")
+        if is_concrete(w):
+            check_finite(w, "the diagonal weights")
+            bad = sum(int(np.sum(np.asarray(x) <= 0)) for x in jax.tree_util.tree_leaves(w))
+            if bad:
+                raise GeometryError(
+                    f"diagonal metric: {bad} weight(s) are <= 0, so the metric is not positive definite. "
+                    "Use positive weights, or add damping (metric.with_damping(1e-3))."
+                )
+        return jax.tree_util.tree_map(lambda a, b: a * b, w, v)
+
+    return Metric(mv, "diagonal")
+
+
+def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
+    r"""A metric given by a dense matrix field ``matrix_fn(params)`` over the flattened parameters.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> G = mg.metrics.dense(lambda p: jnp.array([[2.0, 1.0], [1.0, 2.0]]))
+    >>> G.mv(jnp.zeros(2), jnp.array([1.0, 0.0]))
+    Array([2., 1.], dtype=float32)
+    """
+
+    def mv(params: PyTree, v: PyTree) -> PyTree:
+        matrix = matrix_fn(params)
+        size = tree_size(params)
+        if jnp.shape(matrix) != (size, size):
+            raise GeometryError(
+                f"dense metric: matrix_fn returned shape {jnp.shape(matrix)}, but the parameters have {size} "
+                f"coordinates, so a {size}x{size} matrix is needed."
+            )
+        flat_v, unravel = ravel(v)
+        return unravel(matrix @ flat_v)
+
+    return Metric(mv, "dense")
+
+
+# ---------------------------------------------------------------------------
+# the pullback family
+# ---------------------------------------------------------------------------
+OutputMetric = Union[Metric, Callable[[PyTree, PyTree], PyTree]]
+
+
+def _output_mv(output_metric: OutputMetric) -> Callable[[PyTree, PyTree], PyTree]:
+    if isinstance(output_metric, Metric):
+        return output_metric.mv
+    if callable(output_metric):
+        return output_metric
+    raise GeometryError(
+        "pullback: output_metric must be a Metric on the outputs or a callable (z, u) -> G_z u; "
+        f"got {type(output_metric).__name__}."
+    )
+
+
+def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metric:
+    r"""The pullback metric :math:`f^*G_z = J_f^\top G_z J_f` (paper 003, "pullback metric").
+
+    Parameters
+    ----------
+    f
+        Maps parameters to outputs (e.g. ``lambda p: model(p, X)``).
+    output_metric
+        A :class:`Metric` on the outputs (its "params" are the outputs ``z``) or a
+        callable ``(z, u) -> G_z u``.
+
+    Notes
+    -----
+    One product costs a jvp, an output-space product and a vjp.  Pushing two
+    vectors forward and taking their inner product in output space equals
+    taking the inner product with the pullback metric.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> f = lambda w: jnp.array([w[0] * w[1], w[1]])
+    >>> G = mg.metrics.pullback(f, mg.metrics.euclidean())
+    >>> G.dense(jnp.array([1.0, 2.0]))  # J^T J with J = [[2, 1], [0, 1]]
+    Array([[4., 2.],
+           [2., 2.]], dtype=float32)
+    """
+    out_mv = _output_mv(output_metric)
+
+    def mv(params: PyTree, v: PyTree) -> PyTree:
+        z, jv = jax.jvp(f, (params,), (v,))
+        _, f_vjp = jax.vjp(f, params)
+        return f_vjp(out_mv(z, jv))[0]
+
+    return Metric(mv, "pullback")
+
+
+def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Array]) -> Metric:
+    r"""The generalized Gauss-Newton matrix :math:`J^\top H_z J` (paper 000, eq. 3; paper 003, ``gnhvp``).
+
+    Parameters
+    ----------
+    model_fn
+        ``params -> outputs`` on the data (the data are closed over).
+    loss_fn
+        ``outputs -> scalar`` (targets closed over); :math:`H_z = \nabla_z^2` of it.
+
+    Positive semi-definite when ``loss_fn`` is convex in the outputs.  Equal to
+    the pullback of the Euclidean metric for squared error, and to the Fisher
+    for softmax cross-entropy and Gaussian likelihoods with fixed variance.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X = jnp.array([[1.0, 0.0], [1.0, 1.0]])
+    >>> G = mg.metrics.ggn(lambda w: X @ w, lambda z: 0.5 * jnp.sum(z**2))
+    >>> G.dense(jnp.zeros(2))  # X^T X for linear least squares
+    Array([[2., 1.],
+           [1., 1.]], dtype=float32)
+    """
+
+    def output_hvp(z: PyTree, u: PyTree) -> PyTree:
+        return jax.jvp(jax.grad(loss_fn), (z,), (u,))[1]
+
+    metric = pullback(model_fn, output_hvp)
+    return Metric(metric.mv_fn, "GGN")
+
+
+class Likelihood(NamedTuple):
+    r"""An output-space likelihood :math:`p(t \mid z)` for the Fisher.
+
+    Attributes
+    ----------
+    name
+        ``"categorical"`` or ``"gaussian"``.
+    fisher_mv
+        ``(z, u) -> F_z u`` for a batch of outputs ``z`` (leading batch axis), summed over the batch.
+    sample
+        ``(key, z) -> t``: targets drawn from the model, one per example.
+    nll
+        ``(z, t) -> per-example negative log-likelihoods`` (shape ``(N,)``).
+    """
+
+    name: str
+    fisher_mv: Callable[[jax.Array, jax.Array], jax.Array]
+    sample: Callable[[jax.Array, jax.Array], jax.Array]
+    nll: Callable[[jax.Array, jax.Array], jax.Array]
+
+
+def categorical_likelihood() -> Likelihood:
+    r"""Softmax categorical likelihood on logits ``z`` of shape ``(N, C)``; targets are integer labels.
+
+    Output-space Fisher per example: :math:`F_z = \mathrm{diag}(p) - p p^\top`, :math:`p = \mathrm{softmax}(z)`,
+    which is also the Hessian of the cross-entropy in the logits.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> lik = mg.metrics.categorical_likelihood()
+    >>> lik.fisher_mv(jnp.zeros((1, 2)), jnp.array([[1.0, 0.0]]))  # p = (1/2, 1/2)
+    Array([[ 0.25, -0.25]], dtype=float32)
+    """
+
+    def fisher_mv(z: jax.Array, u: jax.Array) -> jax.Array:
+        p = jax.nn.softmax(z, axis=-1)
+        return p * u - p * jnp.sum(p * u, axis=-1, keepdims=True)
+
+    def sample(key: jax.Array, z: jax.Array) -> jax.Array:
+        return jax.random.categorical(key, z, axis=-1)
+
+    def nll(z: jax.Array, t: jax.Array) -> jax.Array:
+        logp = jax.nn.log_softmax(z, axis=-1)
+        return -jnp.take_along_axis(logp, t[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+    return Likelihood("categorical", fisher_mv, sample, nll)
+
+
+def gaussian_likelihood(sigma: float = 1.0) -> Likelihood:
+    r"""Gaussian likelihood :math:`\mathcal N(t \mid z, \sigma^2 I)` with fixed :math:`\sigma`; :math:`F_z = I/\sigma^2`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.metrics.gaussian_likelihood(2.0).fisher_mv(jnp.zeros((1, 1)), jnp.ones((1, 1)))
+    Array([[0.25]], dtype=float32)
+    """
+    if not sigma > 0:
+        raise GeometryError(f"gaussian_likelihood: sigma must be > 0, got {sigma}.")
+
+    def fisher_mv(z: jax.Array, u: jax.Array) -> jax.Array:
+        return u / sigma**2
+
+    def sample(key: jax.Array, z: jax.Array) -> jax.Array:
+        return z + sigma * jax.random.normal(key, jnp.shape(z), dtype=jnp.result_type(z))
+
+    def nll(z: jax.Array, t: jax.Array) -> jax.Array:
+        sq = jnp.sum(((t - z) ** 2).reshape(z.shape[0], -1), axis=-1)
+        k = int(np.prod(z.shape[1:])) if z.ndim > 1 else 1
+        return 0.5 * sq / sigma**2 + 0.5 * k * jnp.log(2 * jnp.pi * sigma**2)
+
+    return Likelihood("gaussian", fisher_mv, sample, nll)
+
+
+def _as_likelihood(likelihood: Union[str, Likelihood]) -> Likelihood:
+    if isinstance(likelihood, Likelihood):
+        return likelihood
+    if likelihood == "categorical":
+        return categorical_likelihood()
+    if likelihood == "gaussian":
+        return gaussian_likelihood()
+    raise GeometryError(
+        f"fisher: unknown likelihood {likelihood!r}; use 'categorical', 'gaussian', or a Likelihood from "
+        "categorical_likelihood() / gaussian_likelihood(sigma)."
+    )
+
+
+def _batch_size(z: Any, who: str) -> int:
+    if not hasattr(z, "shape") or jnp.ndim(z) < 1:
+        raise GeometryError(
+            f"{who}: model_fn must return an array with a leading batch axis, got {type(z).__name__}."
+        )
+    return z.shape[0]
+
+
+def _scale(reduction: str, n: int, who: str) -> float:
+    if reduction == "mean":
+        return 1.0 / n
+    if reduction == "sum":
+        return 1.0
+    raise GeometryError(f"{who}: reduction must be 'mean' or 'sum', got {reduction!r}.")
+
+
+def fisher(
+    model_fn: Callable[[PyTree], jax.Array],
+    likelihood: Union[str, Likelihood] = "categorical",
+    *,
+    reduction: str = "mean",
+    mc_samples: int | None = None,
+    key: jax.Array | None = None,
+) -> Metric:
+    r"""The Fisher information :math:`\sum_n J_n^\top\, \mathbb E_{t\sim p(\cdot\mid z_n)}[g g^\top]\, J_n` (paper 003).
+
+    Parameters
+    ----------
+    model_fn
+        ``params -> z``, outputs with a leading batch axis (logits for
+        ``"categorical"``, means for ``"gaussian"``).
+    likelihood
+        ``"categorical"``, ``"gaussian"`` (:math:`\sigma = 1`), or a :class:`Likelihood`.
+    reduction
+        ``"mean"`` divides by the batch size (matches a mean loss), ``"sum"`` does not.
+    mc_samples, key
+        If given, the Monte-Carlo Fisher: targets are sampled from the model
+        (``mc_samples`` per example, fixed by ``key``) and :math:`g = \nabla_z \log p(t \mid z)`;
+        otherwise the exact output-space Fisher is used.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> F = mg.metrics.fisher(lambda w: w[None, :], "categorical")
+    >>> F.dense(jnp.zeros(2))  # diag(p) - p p^T at p = (1/2, 1/2)
+    Array([[ 0.25, -0.25],
+           [-0.25,  0.25]], dtype=float32)
+    """
+    lik = _as_likelihood(likelihood)
+    if mc_samples is None:
+
+        def mv(params: PyTree, v: PyTree) -> PyTree:
+            z, jv = jax.jvp(model_fn, (params,), (v,))
+            scale = _scale(reduction, _batch_size(z, "fisher"), "fisher")
+            _, f_vjp = jax.vjp(model_fn, params)
+            return f_vjp(scale * lik.fisher_mv(z, jv))[0]
+
+        return Metric(mv, f"Fisher ({lik.name})")
+
+    if key is None or not (isinstance(mc_samples, int) and mc_samples >= 1):
+        raise GeometryError("fisher: the Monte-Carlo Fisher needs mc_samples >= 1 (an int) and a PRNG key.")
+
+    def mc_mv(params: PyTree, v: PyTree) -> PyTree:
+        z, jv = jax.jvp(model_fn, (params,), (v,))
+        n = _batch_size(z, "fisher")
+        scale = _scale(reduction, n, "fisher")
+        keys = jax.random.split(key, mc_samples)
+        targets = jax.vmap(lambda k: lik.sample(k, jax.lax.stop_gradient(z)))(keys)  # (S, N, ...)
+        scores = jax.vmap(lambda t: jax.grad(lambda zz: jnp.sum(lik.nll(zz, t)))(z))(targets)  # (S, N, ...)
+        axes = tuple(range(2, scores.ndim))
+        proj = jnp.sum(scores * jv[None], axis=axes, keepdims=True)  # (S, N, 1...)
+        cotangent = jnp.mean(proj * scores, axis=0)
+        _, f_vjp = jax.vjp(model_fn, params)
+        return f_vjp(scale * cotangent)[0]
+
+    return Metric(mc_mv, f"MC Fisher ({lik.name}, {mc_samples} samples)")
+
+
+def empirical_fisher(
+    model_fn: Callable[[PyTree], jax.Array],
+    per_example_loss_fn: Callable[[jax.Array], jax.Array],
+    *,
+    reduction: str = "mean",
+) -> Metric:
+    r"""The "empirical Fisher" :math:`\sum_n J_n^\top g_n g_n^\top J_n`, :math:`g_n = \nabla_{z_n}\ell(z_n, y_n)` at the training targets.
+
+    The outer product of per-example gradients.  Unlike :func:`fisher` it does
+    not sample targets from the model, and it is *not* a curvature
+    approximation in general (paper 003; Kunstner et al. 2019).
+
+    Parameters
+    ----------
+    model_fn
+        ``params -> z`` with a leading batch axis.
+    per_example_loss_fn
+        ``z -> (N,)`` per-example losses at the training targets (closed over).
+    reduction
+        ``"mean"`` (default) divides by :math:`N`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X, y = jnp.array([[1.0], [2.0]]), jnp.array([1.0, 1.0])
+    >>> EF = mg.metrics.empirical_fisher(lambda w: X @ w, lambda z: 0.5 * (z - y) ** 2)
+    >>> EF.dense(jnp.zeros(1))  # mean of (x (w x - y))^2 = (1 + 4) / 2
+    Array([[2.5]], dtype=float32)
+    """
+
+    def mv(params: PyTree, v: PyTree) -> PyTree:
+        z, jv = jax.jvp(model_fn, (params,), (v,))
+        n = _batch_size(z, "empirical_fisher")
+        losses = per_example_loss_fn(z)
+        if jnp.shape(losses) != (n,):
+            raise GeometryError(
+                f"empirical_fisher: per_example_loss_fn must return one loss per example, shape ({n},); got "
+                f"{jnp.shape(losses)}. Return the unreduced losses."
+            )
+        g = jax.grad(lambda zz: jnp.sum(per_example_loss_fn(zz)))(z)
+        axes = tuple(range(1, g.ndim))
+        proj = jnp.sum(g * jv, axis=axes, keepdims=True)
+        _, f_vjp = jax.vjp(model_fn, params)
+        return f_vjp(_scale(reduction, n, "empirical_fisher") * proj * g)[0]
+
+    return Metric(mv, "empirical Fisher")
