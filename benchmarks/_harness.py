@@ -1,0 +1,102 @@
+"""Shared timing harness and benchmark models (not part of minigeo's API).
+
+Ratios are measured within one process: every timed function is jitted,
+warmed up, then timed ``repeats`` times; the median is reported.
+"""
+
+from __future__ import annotations
+
+import platform
+import statistics
+import time
+from typing import Callable
+
+import jax
+import jax.numpy as jnp
+
+
+def median_time(fn: Callable, *args, repeats: int = 20, warmup: int = 3) -> float:
+    """Median wall time in seconds of ``fn(*args)`` (blocked until ready)."""
+    for _ in range(warmup):
+        jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def describe_machine() -> str:
+    dev = jax.devices()[0]
+    return f"jax {jax.__version__}, backend {jax.default_backend()} ({dev.device_kind}), python {platform.python_version()}"
+
+
+# ---------------------------------------------------------------------------
+# models
+# ---------------------------------------------------------------------------
+def mlp(key: jax.Array, sizes=(784, 256, 256, 10), batch: int = 256):
+    """An MLP ``sizes`` with tanh activations, Gaussian inputs and random labels."""
+    keys = jax.random.split(key, len(sizes) + 1)
+    params = [
+        {"W": jax.random.normal(k, (m, n)) / jnp.sqrt(m), "b": jnp.zeros(n)}
+        for k, m, n in zip(keys[:-2], sizes[:-1], sizes[1:])
+    ]
+    X = jax.random.normal(keys[-2], (batch, sizes[0]))
+    y = jax.random.randint(keys[-1], (batch,), 0, sizes[-1])
+
+    def model(p):
+        h = X
+        for layer in p[:-1]:
+            h = jnp.tanh(h @ layer["W"] + layer["b"])
+        return h @ p[-1]["W"] + p[-1]["b"]
+
+    return params, model, y
+
+
+def transformer_block(key: jax.Array, batch: int = 128, tokens: int = 17, width: int = 64, heads: int = 4, classes: int = 10):
+    """One pre-LayerNorm transformer block (multi-head attention + MLP) with a linear head on mean-pooled tokens."""
+    k = jax.random.split(key, 8)
+    s = 1 / jnp.sqrt(width)
+    params = {
+        "ln1": {"g": jnp.ones(width), "b": jnp.zeros(width)},
+        "qkv": {"W": s * jax.random.normal(k[0], (width, 3 * width)), "b": jnp.zeros(3 * width)},
+        "proj": {"W": s * jax.random.normal(k[1], (width, width)), "b": jnp.zeros(width)},
+        "ln2": {"g": jnp.ones(width), "b": jnp.zeros(width)},
+        "fc1": {"W": s * jax.random.normal(k[2], (width, 4 * width)), "b": jnp.zeros(4 * width)},
+        "fc2": {"W": 0.5 * s * jax.random.normal(k[3], (4 * width, width)), "b": jnp.zeros(width)},
+        "head": {"W": s * jax.random.normal(k[4], (width, classes)), "b": jnp.zeros(classes)},
+    }
+    X = jax.random.normal(k[5], (batch, tokens, width))
+    y = jax.random.randint(k[6], (batch,), 0, classes)
+
+    def layer_norm(x, p):
+        mu = jnp.mean(x, -1, keepdims=True)
+        var = jnp.var(x, -1, keepdims=True)
+        return (x - mu) / jnp.sqrt(var + 1e-6) * p["g"] + p["b"]
+
+    def model(p):
+        h = layer_norm(X, p["ln1"])
+        qkv = h @ p["qkv"]["W"] + p["qkv"]["b"]
+        q, kk, v = jnp.split(qkv, 3, axis=-1)
+        split = lambda t: t.reshape(batch, tokens, heads, width // heads).transpose(0, 2, 1, 3)
+        q, kk, v = split(q), split(kk), split(v)
+        att = jax.nn.softmax(q @ kk.transpose(0, 1, 3, 2) / jnp.sqrt(width // heads), axis=-1)
+        out = (att @ v).transpose(0, 2, 1, 3).reshape(batch, tokens, width)
+        x = X + out @ p["proj"]["W"] + p["proj"]["b"]
+        h = layer_norm(x, p["ln2"])
+        x = x + jax.nn.gelu(h @ p["fc1"]["W"] + p["fc1"]["b"]) @ p["fc2"]["W"] + p["fc2"]["b"]
+        return jnp.mean(x, axis=1) @ p["head"]["W"] + p["head"]["b"]
+
+    return params, model, y
+
+
+def cross_entropy(labels: jax.Array) -> Callable[[jax.Array], jax.Array]:
+    def loss(z):
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(z), labels[:, None], axis=-1))
+
+    return loss
+
+
+def n_params(params) -> int:
+    return sum(x.size for x in jax.tree_util.tree_leaves(params))
