@@ -29,6 +29,7 @@ batch size (matching a mean loss), ``"sum"`` does not.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Union
 
@@ -116,14 +117,23 @@ class Metric:
     def dense(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
         """The dense ``d x d`` matrix over the flattened parameters (``ravel_pytree`` order).
 
-        Built from ``d`` matrix-vector products (vectorised with ``vmap``);
-        refuses above ``max_size`` parameters.
+        Built from ``d`` matrix-vector products (vectorised with ``vmap`` and
+        compiled once per metric object); refuses above ``max_size`` parameters.
+        Value checks inside the products (e.g. positive diagonal weights) do not
+        run in this compiled path; :meth:`check_positive_definite` checks the result.
         """
-        flat, unravel = ravel(params)
-        check_dense_size(flat.size, max_size, f"The {self.name} metric")
-        basis = jnp.eye(flat.size, dtype=flat.dtype)
-        columns = jax.vmap(lambda e: ravel(self.mv(params, unravel(e)))[0])(basis)
-        return columns.T
+        check_dense_size(tree_size(params), max_size, f"The {self.name} metric")
+        return self._dense_jit(params)
+
+    @functools.cached_property
+    def _dense_jit(self) -> Callable[[PyTree], jax.Array]:
+        # One compiled program per Metric object: d products vectorised with vmap.
+        def build(params: PyTree) -> jax.Array:
+            flat, unravel = ravel(params)
+            basis = jnp.eye(flat.size, dtype=flat.dtype)
+            return jax.vmap(lambda e: ravel(self.mv(params, unravel(e)))[0])(basis).T
+
+        return jax.jit(build)
 
     def solve(
         self,
