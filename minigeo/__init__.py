@@ -11,6 +11,8 @@ Modules (floors: a module imports only from floors below it)
   (chapter 1); :mod:`minigeo.reparam`: built-in reparametrizations;
   :mod:`minigeo.metrics`: matrix-free metrics (GGN, Fisher, empirical Fisher,
   pullbacks; chapter 2).
+* floor 3 :mod:`minigeo.natgrad`: Gram matrices, Moore-Penrose natural parameter
+  gradients, matrix-free natural gradients and an optax preconditioner (chapter 3).
 """
 
 from . import metrics, reparam
@@ -45,6 +47,14 @@ from .metrics import (
     pullback,
 )
 from .metrics import dense as dense_metric
+from .natgrad import (
+    gram_matrix,
+    moore_penrose_inverse,
+    natural_gradient,
+    natural_parameter_gradient,
+    precondition_by_metric,
+    span_projection,
+)
 
 __version__ = "0.1.0"
 
@@ -79,4 +89,10 @@ __all__ = [
     "empirical_fisher",
     "categorical_likelihood",
     "gaussian_likelihood",
+    "gram_matrix",
+    "moore_penrose_inverse",
+    "natural_parameter_gradient",
+    "span_projection",
+    "natural_gradient",
+    "precondition_by_metric",
 ]

@@ -1,0 +1,279 @@
+r"""Natural gradients, also for overparametrized models (floor 3, chapter 3).
+
+For a parametrization :math:`\phi: \Xi \to \mathcal Z` of a model
+:math:`\mathcal M = \phi(\Xi)` inside a Riemannian manifold :math:`(\mathcal Z, g)`,
+the coordinate vectors :math:`\partial_i = d\phi_\xi(e_i)` have the **Gram matrix**
+:math:`G_{ij}(\xi) = g(\partial_i, \partial_j) = (J^\top g J)_{ij}`.  When the model is
+overparametrized, :math:`G` is singular and the **natural parameter gradient** uses
+the Moore-Penrose inverse, :math:`G^+\nabla_\xi L` (paper 002, Def. 3).
+
+Theorem 1 of paper 002: its pushforward :math:`d\phi_\xi\,G^+\nabla_\xi L` is the
+:math:`g`-orthogonal projection of the ambient gradient :math:`\mathrm{grad}^{\mathcal Z}L`
+onto :math:`\mathrm{span}\{\partial_i\}` (:func:`span_projection`), hence the natural
+gradient on the model wherever the parametrization is proper.
+
+For network-sized parameter pytrees, :func:`natural_gradient` solves
+:math:`(G + \lambda I)\,x = \nabla L` matrix-free by conjugate gradients, and
+:func:`precondition_by_metric` wraps it as an optax gradient transformation.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
+
+from ._checks import GeometryError, check_finite, check_same_structure, check_spd, check_square_matrix
+from ._linalg import solve_spd_cg, solve_spd_dense
+from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
+from .metrics import Metric
+
+__all__ = [
+    "gram_matrix",
+    "moore_penrose_inverse",
+    "natural_parameter_gradient",
+    "span_projection",
+    "natural_gradient",
+    "precondition_by_metric",
+]
+
+OutputMetricFn = Union[None, Callable[[PyTree], jax.Array]]
+
+
+def _flat_jacobian(param_map: Callable[[PyTree], PyTree], xi: PyTree, max_size: int) -> jax.Array:
+    flat_xi, unravel = ravel(xi)
+    check_dense_size(flat_xi.size, max_size, "The Jacobian of the parametrization")
+    return jax.jacfwd(lambda f: ravel(param_map(unravel(f)))[0])(flat_xi)
+
+
+def gram_matrix(
+    param_map: Callable[[PyTree], PyTree],
+    metric_fn: OutputMetricFn,
+    xi: PyTree,
+    *,
+    max_size: int = DEFAULT_MAX_DENSE_SIZE,
+) -> jax.Array:
+    r"""Gram matrix :math:`G_{ij}(\xi) = g_{\phi(\xi)}(\partial_i\phi, \partial_j\phi) = (J^\top g\,J)_{ij}` (paper 002, Sec. 2).
+
+    Parameters
+    ----------
+    param_map
+        The parametrization :math:`\phi`, mapping a parameter pytree to a point of
+        :math:`\mathcal Z` (array or pytree, flattened for the metric).
+    metric_fn
+        ``z -> g(z)``, the dense metric on :math:`\mathcal Z` at ``z``; ``None`` for
+        the Euclidean metric.
+    xi
+        The parameters.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> phi = lambda xi: jnp.array([jnp.sin(2 * xi[0]), jnp.sin(xi[0])])  # paper 002, App. A.2
+    >>> mg.gram_matrix(phi, None, jnp.array([0.0]))
+    Array([[5.]], dtype=float32)
+    """
+    J = _flat_jacobian(param_map, xi, max_size)
+    check_finite(J, "The Jacobian of the parametrization")
+    if metric_fn is None:
+        return J.T @ J
+    z = param_map(xi)
+    g = metric_fn(z)
+    check_square_matrix(g, J.shape[0], "the metric on Z")
+    check_spd(g, "the metric on Z")
+    return J.T @ g @ J
+
+
+def moore_penrose_inverse(matrix: jax.Array, rcond: float | None = None) -> jax.Array:
+    r"""The Moore-Penrose inverse :math:`A^+` of a symmetric matrix (``jnp.linalg.pinv``, Hermitian path).
+
+    Singular values below ``rcond`` times the largest are treated as zero (default:
+    ``10 * n * eps``).  :math:`A^+` satisfies :math:`AA^+A = A`, :math:`A^+AA^+ = A^+`,
+    and :math:`AA^+`, :math:`A^+A` are symmetric.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.moore_penrose_inverse(jnp.array([[1.0, 1.0], [1.0, 1.0]])).round(4)
+    Array([[0.25, 0.25],
+           [0.25, 0.25]], dtype=float32)
+    """
+    check_square_matrix(matrix, None, "the Gram matrix")
+    check_finite(matrix, "the Gram matrix")
+    n = matrix.shape[0]
+    rtol = rcond if rcond is not None else 10 * n * jnp.finfo(matrix.dtype).eps
+    return jnp.linalg.pinv(matrix, rtol=rtol, hermitian=True)
+
+
+def natural_parameter_gradient(gram: jax.Array, grad: PyTree, rcond: float | None = None) -> PyTree:
+    r"""The natural parameter gradient :math:`G^+\nabla_\xi L` with the Moore-Penrose inverse (paper 002, Def. 3, eq. 7).
+
+    ``grad`` may be a pytree; ``gram`` is over its flattened coordinates.  Among
+    all :math:`y` with :math:`Gy = \nabla L` (when one exists) it is the one of
+    smallest Euclidean norm, which is why it depends on the parametrization even
+    though its pushforward does not (paper 002, Sec. 3.2).
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> G = jnp.array([[1.0, 1.0], [1.0, 1.0]])             # paper 002, App. A.3
+    >>> mg.natural_parameter_gradient(G, jnp.array([6.0, 6.0])).round(4)
+    Array([3., 3.], dtype=float32)
+    """
+    flat_grad, unravel = ravel(grad)
+    check_square_matrix(gram, flat_grad.size, "the Gram matrix")
+    check_finite(flat_grad, "the gradient")
+    return unravel(moore_penrose_inverse(gram, rcond) @ flat_grad)
+
+
+def span_projection(tangents: jax.Array, metric: jax.Array | None, v: jax.Array) -> jax.Array:
+    r"""The :math:`g`-orthogonal projection of ``v`` onto the span of the columns of ``tangents``.
+
+    :math:`\Pi v = T\,(T^\top g\,T)^+\,T^\top g\,v`.  With ``tangents`` the
+    Jacobian :math:`J` of a parametrization (columns :math:`\partial_i`) and ``v`` the
+    ambient gradient :math:`g^{-1}dL`, this is the right-hand side of paper 002's
+    Theorem 1.  ``metric=None`` means Euclidean.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.span_projection(jnp.array([[1.0], [0.0]]), None, jnp.array([3.0, 4.0]))
+    Array([3., 0.], dtype=float32)
+    """
+    tangents = jnp.asarray(tangents)
+    v = jnp.asarray(v)
+    if tangents.ndim != 2 or v.shape != (tangents.shape[0],):
+        raise GeometryError(
+            f"span_projection: tangents must be an (m, d) matrix and v an (m,) vector; got {tangents.shape} "
+            f"and {v.shape}."
+        )
+    g = jnp.eye(tangents.shape[0], dtype=tangents.dtype) if metric is None else jnp.asarray(metric)
+    check_square_matrix(g, tangents.shape[0], "the metric")
+    gram = tangents.T @ g @ tangents
+    return tangents @ (moore_penrose_inverse(gram) @ (tangents.T @ (g @ v)))
+
+
+def natural_gradient(
+    metric: Metric,
+    params: PyTree,
+    grad: PyTree,
+    *,
+    damping: float = 0.0,
+    solver: str = "cg",
+    tol: float = 1e-6,
+    maxiter: int | None = None,
+    rcond: float | None = None,
+    max_size: int = DEFAULT_MAX_DENSE_SIZE,
+) -> PyTree:
+    r"""The (damped) natural gradient :math:`(G(\theta) + \lambda I)^{-1}\nabla L` for a :class:`~minigeo.Metric`.
+
+    Parameters
+    ----------
+    metric
+        The metric, e.g. ``mg.ggn(model, loss)`` or ``mg.fisher(model)``.
+    params, grad
+        The point and the gradient (pytrees of the same structure).
+    damping
+        :math:`\lambda \ge 0`, added to any damping the metric already carries.
+    solver
+        ``"cg"``: matrix-free conjugate gradients, for network-sized pytrees;
+        ``"dense"``: Cholesky on the dense matrix; ``"pinv"``: the Moore-Penrose
+        natural parameter gradient :math:`(G + \lambda I)^+\nabla L` (dense, for
+        singular metrics without damping).
+    tol, maxiter
+        CG relative tolerance and iteration limit.
+    rcond
+        Cut-off for ``"pinv"``.
+
+    Raises
+    ------
+    GeometryError
+        If CG does not converge (typically a singular metric without damping) or
+        the dense matrix is not positive definite: the message suggests damping or
+        ``solver="pinv"``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X = jnp.array([[1.0, 0.0], [0.0, 2.0]])
+    >>> G = mg.ggn(lambda w: X @ w, lambda z: 0.5 * jnp.sum(z**2))   # G = X^T X
+    >>> mg.natural_gradient(G, jnp.zeros(2), jnp.array([1.0, 4.0]), solver="dense")
+    Array([1., 1.], dtype=float32)
+    """
+    if not isinstance(metric, Metric):
+        raise GeometryError(
+            f"natural_gradient needs a minigeo Metric (e.g. mg.ggn(model, loss)); got {type(metric).__name__}. "
+            "For a dense Gram matrix use natural_parameter_gradient(gram, grad)."
+        )
+    check_same_structure(params, grad, "the gradient", "params")
+    check_finite(grad, "the gradient")
+    damped = metric.with_damping(metric.damping + damping)
+    if solver == "cg":
+        try:
+            return solve_spd_cg(
+                damped.at(params), grad, tol=tol, maxiter=maxiter, what=f"the {metric.name} metric"
+            )
+        except GeometryError as err:
+            raise GeometryError(
+                f"natural_gradient: {err} For an overparametrized model the metric is singular: use damping > 0, "
+                'or solver="pinv" for the Moore-Penrose natural parameter gradient on small models.'
+            ) from None
+    check_dense_size(tree_size(params), max_size, f"The {metric.name} metric")
+    if solver == "dense":
+        return solve_spd_dense(
+            damped.dense(params, max_size=max_size), grad, what=f"the {metric.name} metric"
+        )
+    if solver == "pinv":
+        return natural_parameter_gradient(damped.dense(params, max_size=max_size), grad, rcond=rcond)
+    raise GeometryError(f"natural_gradient: solver must be 'cg', 'dense' or 'pinv', got {solver!r}.")
+
+
+class PreconditionState(NamedTuple):
+    """State of :func:`precondition_by_metric` (it keeps none)."""
+
+
+def precondition_by_metric(
+    metric: Metric,
+    damping: float = 1e-3,
+    *,
+    solver: str = "cg",
+    tol: float = 1e-6,
+    maxiter: int | None = None,
+) -> Any:
+    r"""An optax gradient transformation :math:`g \mapsto (G(\theta) + \lambda I)^{-1} g`.
+
+    Chain it with a learning rate to get natural-gradient descent:
+    ``optax.chain(mg.precondition_by_metric(G, 1e-3), optax.sgd(0.1))``.
+    ``update`` needs ``params``.  Under ``jit`` the convergence check of CG
+    cannot run; check a step eagerly once when in doubt.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp, optax
+    >>> import minigeo as mg
+    >>> G = mg.metrics.diagonal(jnp.array([2.0, 4.0]))
+    >>> opt = mg.precondition_by_metric(G, damping=0.0, solver="dense")
+    >>> updates, _ = opt.update(jnp.array([2.0, 4.0]), opt.init(jnp.zeros(2)), jnp.zeros(2))
+    >>> updates.round(4)
+    Array([1., 1.], dtype=float32)
+    """
+    import optax  # optional dependency, imported only when used
+
+    def init_fn(params: PyTree) -> PreconditionState:
+        return PreconditionState()
+
+    def update_fn(updates: PyTree, state: PreconditionState, params: PyTree | None = None):
+        if params is None:
+            raise GeometryError("precondition_by_metric: update() needs params (the metric depends on them).")
+        direction = natural_gradient(
+            metric, params, updates, damping=damping, solver=solver, tol=tol, maxiter=maxiter
+        )
+        return direction, state
+
+    return optax.GradientTransformation(init_fn, update_fn)
