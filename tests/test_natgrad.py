@@ -242,8 +242,18 @@ def test_natgrad_errors():
     params, model, loss = regression_problem(2)
     G = mg.ggn(model, loss)
     grad = jax.grad(lambda p: loss(model(p)))(params)
+    # A singular metric without damping: CG cannot solve G x = b for b outside the range of G ...
+    outside = jax.tree_util.tree_map(lambda x: jnp.ones_like(x), params)
     with pytest.raises(mg.GeometryError, match=r"singular: use damping > 0"):
-        mg.natural_gradient(G, params, grad)  # singular metric, no damping, matrix-free
+        mg.natural_gradient(G, params, outside)
+    # ... while a gradient always lies in range(G) = range(J^T): CG started at 0 then converges to the
+    # minimum-norm solution, the Moore-Penrose natural parameter gradient.
+    np.testing.assert_allclose(
+        mg.pushforward(model, params, mg.natural_gradient(G, params, grad, tol=1e-10)),
+        mg.pushforward(model, params, mg.natural_gradient(G, params, grad, solver="pinv")),
+        rtol=1e-5,
+        atol=1e-9,
+    )
     with pytest.raises(mg.GeometryError, match=r"did not converge"):
         mg.natural_gradient(G, params, grad, damping=1e-6, maxiter=2)  # non-convergence
     with pytest.raises(mg.GeometryError, match=r"not positive definite.*damping"):
