@@ -11,6 +11,9 @@ Modules (floors: a module imports only from floors below it)
   (chapter 1); :mod:`minigeo.reparam`: built-in reparametrizations;
   :mod:`minigeo.metrics`: matrix-free metrics (GGN, Fisher, empirical Fisher,
   pullbacks; chapter 2).
+* floor 3 :mod:`minigeo.curvature`: HVPs, Hessians, Christoffel symbols, the
+  Riemannian Hessian and the invariant Hessian endomorphism, Hutchinson and
+  Lanczos (chapter 4).
 * floor 3 :mod:`minigeo.natgrad`: Gram matrices, Moore-Penrose natural parameter
   gradients, matrix-free natural gradients and an optax preconditioner (chapter 3).
 """
@@ -33,6 +36,18 @@ from .coords import (
     transform_metric,
     transform_metric_field,
     transform_vector,
+)
+from .curvature import (
+    christoffel_symbols,
+    endomorphism_eigenvalues,
+    endomorphism_slogdet,
+    endomorphism_trace,
+    hessian,
+    hessian_endomorphism,
+    hvp,
+    riemannian_hessian,
+    top_eigenvalues,
+    trace_estimate,
 )
 from .metrics import (
     Likelihood,
@@ -95,4 +110,14 @@ __all__ = [
     "span_projection",
     "natural_gradient",
     "precondition_by_metric",
+    "hvp",
+    "hessian",
+    "christoffel_symbols",
+    "riemannian_hessian",
+    "hessian_endomorphism",
+    "endomorphism_eigenvalues",
+    "endomorphism_trace",
+    "endomorphism_slogdet",
+    "trace_estimate",
+    "top_eigenvalues",
 ]

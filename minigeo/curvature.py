@@ -1,0 +1,419 @@
+r"""Curvature: Hessians, Christoffel symbols and the invariant Hessian endomorphism (floor 3, chapter 4).
+
+The Hessian of a loss at a point is a **bilinear form**: it transforms like a
+metric, :math:`\hat H = J^{-\top} H J^{-1}`, so its trace, determinant and
+eigenvalues change under reparametrization (Dinh et al. 2017).  With a metric
+:math:`G`, the **Hessian endomorphism** :math:`E = G^{-1}H` (the shape operator)
+transforms as :math:`J E J^{-1}`, and its trace, determinant and eigenvalues are
+invariant (paper 000, Sec. 3.1, App. A.2-A.3).  Away from critical points the
+Hessian must include the Christoffel term of the Levi-Civita connection,
+:math:`H_{ij} = \partial_i\partial_j f - \Gamma^k_{ij}\partial_k f` (paper 000, eq. 5;
+blog post 001).
+
+Dense routines work on 1-D coordinate arrays (small models); the matrix-free
+:func:`trace_estimate` (Hutchinson) and :func:`top_eigenvalues` (Lanczos in the
+:math:`G`-inner product) work on parameter pytrees through Hessian-vector
+products.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Union
+
+import jax
+import jax.numpy as jnp
+import jax.scipy.linalg as jsl
+
+from ._checks import (
+    GeometryError,
+    check_finite,
+    check_same_structure,
+    check_spd,
+    check_square_matrix,
+    is_concrete,
+)
+from ._linalg import solve_spd_cg
+from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
+from .metrics import Metric
+
+__all__ = [
+    "hvp",
+    "hessian",
+    "christoffel_symbols",
+    "riemannian_hessian",
+    "hessian_endomorphism",
+    "endomorphism_eigenvalues",
+    "endomorphism_trace",
+    "endomorphism_slogdet",
+    "trace_estimate",
+    "top_eigenvalues",
+]
+
+MetricFn = Union[None, Callable[[jax.Array], jax.Array]]
+
+
+def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
+    r"""Hessian-vector product :math:`\nabla^2 f(\theta)\,v` by forward-over-reverse autodiff.
+
+    Costs about two gradients; works on pytrees and under ``jit``/``vmap``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.hvp(lambda x: x[0] ** 2 * x[1], jnp.array([1.0, 2.0]), jnp.array([1.0, 0.0]))
+    Array([4., 2.], dtype=float32)
+    """
+    check_same_structure(params, v, "the vector v", "params")
+    return jax.jvp(jax.grad(f), (params,), (v,))[1]
+
+
+def hessian(
+    f: Callable[[PyTree], jax.Array], params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE
+) -> jax.Array:
+    r"""Dense Hessian :math:`\partial_i\partial_j f` over the flattened parameters (small models only).
+
+    Raises :class:`~minigeo.GeometryError` above ``max_size`` parameters or if the
+    Hessian is not finite.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.hessian(lambda x: x[0] ** 2 * x[1], jnp.array([1.0, 2.0]))
+    Array([[4., 2.],
+           [2., 0.]], dtype=float32)
+    """
+    flat, unravel = ravel(params)
+    check_dense_size(flat.size, max_size, "The Hessian")
+    H = jax.hessian(lambda q: f(unravel(q)))(flat)
+    check_finite(H, "The Hessian", hint="The loss is not twice differentiable here, or overflowed.")
+    return H
+
+
+def _metric_at(metric_fn: MetricFn, x: jax.Array) -> jax.Array:
+    d = x.shape[0]
+    if metric_fn is None:
+        return jnp.eye(d, dtype=x.dtype)
+    G = metric_fn(x)
+    check_square_matrix(G, d, "metric_fn(x)")
+    check_spd(G, "the metric")
+    return G
+
+
+def _check_coords(x: jax.Array, who: str) -> None:
+    if jnp.ndim(x) != 1:
+        raise GeometryError(
+            f"{who} works on 1-D coordinate arrays; got shape {jnp.shape(x)}. Flatten the point first."
+        )
+
+
+def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+    r"""Christoffel symbols of the Levi-Civita connection, indexed ``[k, i, j]`` = :math:`\Gamma^k_{ij}`.
+
+    :math:`\Gamma^k_{ij} = \tfrac12 G^{kl}(\partial_i G_{lj} + \partial_j G_{li} - \partial_l G_{ij})`,
+    with the derivatives of the metric by autodiff and :math:`G^{-1}` applied by a
+    Cholesky solve.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> polar = lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2]))   # Euclidean metric in (r, angle)
+    >>> Gamma = mg.christoffel_symbols(polar, jnp.array([2.0, 0.3]))
+    >>> float(Gamma[0, 1, 1]), float(Gamma[1, 0, 1])              # -r and 1/r
+    (-2.0, 0.5)
+    """
+    _check_coords(x, "christoffel_symbols")
+    G = _metric_at(metric_fn, x)
+    d = x.shape[0]
+    dG = jax.jacfwd(metric_fn)(x)  # dG[a, b, c] = d_c G_ab
+    # A[l, i, j] = d_i G_lj + d_j G_li - d_l G_ij = dG[l, j, i] + dG[l, i, j] - dG[i, j, l]
+    A = jnp.transpose(dG, (0, 2, 1)) + dG - jnp.transpose(dG, (2, 0, 1))
+    cho = jsl.cho_factor(G, lower=True)
+    Gamma = 0.5 * jsl.cho_solve(cho, A.reshape(d, d * d)).reshape(d, d, d)
+    check_finite(Gamma, "The Christoffel symbols")
+    return Gamma
+
+
+def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn, x: jax.Array) -> jax.Array:
+    r"""The Riemannian Hessian as a bilinear form, :math:`H_{ij} = \partial_i\partial_j f - \Gamma^k_{ij}\,\partial_k f` (paper 000, eq. 5).
+
+    It transforms exactly like a metric, :math:`J^{-\top}HJ^{-1}`, at every point,
+    not only at critical points.  ``metric_fn=None`` is the Euclidean metric of
+    these coordinates (no Christoffel term).
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> f = lambda p: p[0] * jnp.cos(p[1])            # the function x in polar coordinates (r, angle)
+    >>> H = mg.riemannian_hessian(f, lambda p: jnp.diag(jnp.array([1.0, p[0] ** 2])), jnp.array([2.0, 0.3]))
+    >>> bool(jnp.allclose(H, 0.0, atol=1e-6))         # x is linear: its Riemannian Hessian vanishes
+    True
+    """
+    _check_coords(x, "riemannian_hessian")
+    H = hessian(f, x)
+    if metric_fn is None:
+        return H
+    Gamma = christoffel_symbols(metric_fn, x)
+    return H - jnp.einsum("kij,k->ij", Gamma, jax.grad(f)(x))
+
+
+def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn, x: jax.Array) -> jax.Array:
+    r"""The Hessian endomorphism (shape operator) :math:`E = G^{-1}H` with the Riemannian Hessian :math:`H` (paper 000, Sec. 3.1).
+
+    Transforms as :math:`J E J^{-1}`; its trace, determinant and eigenvalues are
+    invariant.  Computed by a Cholesky solve, never an explicit inverse.  For its
+    invariants prefer :func:`endomorphism_eigenvalues`, :func:`endomorphism_trace`
+    and :func:`endomorphism_slogdet` on ``(H, G)``, which use the symmetric
+    generalized eigenproblem.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> E = mg.hessian_endomorphism(lambda x: x[0] ** 2 + 3 * x[1] ** 2, lambda x: 2 * jnp.eye(2), jnp.zeros(2))
+    >>> E.round(4)
+    Array([[1., 0.],
+           [0., 3.]], dtype=float32)
+    """
+    H = riemannian_hessian(f, metric_fn, x)
+    G = _metric_at(metric_fn, x)
+    return jsl.cho_solve(jsl.cho_factor(G, lower=True), H)
+
+
+def _whitened(H: jax.Array, G: jax.Array) -> tuple[jax.Array, jax.Array]:
+    check_square_matrix(H, None, "the Hessian H")
+    check_square_matrix(G, H.shape[0], "the metric G")
+    check_finite(H, "the Hessian H")
+    check_spd(G, "the metric G")
+    L = jnp.linalg.cholesky(G)
+    A = jsl.solve_triangular(L, jsl.solve_triangular(L, H, lower=True).T, lower=True).T  # L^{-1} H L^{-T}
+    return 0.5 * (A + A.T), L
+
+
+def endomorphism_eigenvalues(H: jax.Array, G: jax.Array) -> jax.Array:
+    r"""Eigenvalues of :math:`E = G^{-1}H` (ascending) from the generalized problem :math:`Hv = \lambda Gv`.
+
+    With :math:`G = LL^\top`, they are the eigenvalues of the symmetric
+    :math:`L^{-1}HL^{-\top}`: real, and computed stably.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.endomorphism_eigenvalues(jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0])))
+    Array([2., 3.], dtype=float32)
+    """
+    return jnp.linalg.eigvalsh(_whitened(H, G)[0])
+
+
+def endomorphism_trace(H: jax.Array, G: jax.Array) -> jax.Array:
+    r"""The invariant trace :math:`\mathrm{tr}(G^{-1}H)` (the Riemannian trace, paper 000 eq. 18).
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.endomorphism_trace(jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0])))
+    Array(5., dtype=float32)
+    """
+    return jnp.trace(_whitened(H, G)[0])
+
+
+def endomorphism_slogdet(H: jax.Array, G: jax.Array) -> tuple[jax.Array, jax.Array]:
+    r"""Sign and log-absolute-determinant of :math:`G^{-1}H`: :math:`\log|\det H| - \log\det G`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> sign, logdet = mg.endomorphism_slogdet(jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0])))
+    >>> float(sign), round(float(jnp.exp(logdet)), 4)
+    (1.0, 6.0)
+    """
+    A, L = _whitened(H, G)
+    sign, logdet_h = jnp.linalg.slogdet(H)
+    return sign, logdet_h - 2.0 * jnp.sum(jnp.log(jnp.diag(L)))
+
+
+# ---------------------------------------------------------------------------
+# matrix-free
+# ---------------------------------------------------------------------------
+MetricArg = Union[None, PyTree, Metric]
+
+
+def _metric_inverse(
+    metric: MetricArg, params: PyTree, tol: float, maxiter: int | None
+) -> Callable[[PyTree], PyTree]:
+    """``v -> G^{-1} v`` for None (identity), a positive pytree (diagonal) or a Metric (CG)."""
+    if metric is None:
+        return lambda v: v
+    if isinstance(metric, Metric):
+        return lambda v: solve_spd_cg(
+            metric.at(params), v, tol=tol, maxiter=maxiter, what=f"the {metric.name} metric"
+        )
+    check_same_structure(params, metric, "the diagonal metric", "params")
+    if is_concrete(metric):
+        check_finite(metric, "the diagonal metric")
+        bad = sum(int(jnp.sum(leaf <= 0)) for leaf in jax.tree_util.tree_leaves(metric))
+        if bad:
+            raise GeometryError(
+                f"the diagonal metric has {bad} entries <= 0: it is not positive definite. Add damping "
+                "(e.g. metric + 1e-8) or take absolute values."
+            )
+    return lambda v: jax.tree_util.tree_map(lambda a, w: a / w, v, metric)
+
+
+def _rademacher_like(key: jax.Array, params: PyTree, num: int) -> PyTree:
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    keys = jax.random.split(key, len(leaves))
+    probes = [
+        jax.random.rademacher(k, (num,) + jnp.shape(x), dtype=jnp.result_type(x))
+        for k, x in zip(keys, leaves)
+    ]
+    return jax.tree_util.tree_unflatten(treedef, probes)
+
+
+def trace_estimate(
+    f: Callable[[PyTree], jax.Array],
+    params: PyTree,
+    key: jax.Array,
+    *,
+    metric: MetricArg = None,
+    num_probes: int = 10,
+    batched: str = "vmap",
+    tol: float = 1e-6,
+    maxiter: int | None = None,
+) -> tuple[jax.Array, jax.Array]:
+    r"""Hutchinson estimate of the invariant trace :math:`\mathrm{tr}(G^{-1}H)` at ``params``.
+
+    :math:`\mathrm{tr}(G^{-1}H) = \mathbb E_z[(G^{-1}z)^\top H z]` for Rademacher probes
+    :math:`z`; each probe costs one Hessian-vector product and, for a
+    :class:`~minigeo.Metric`, one conjugate-gradient solve.
+
+    Parameters
+    ----------
+    f, params
+        The loss and the point (a pytree).
+    key
+        PRNG key: the estimate is reproducible given the key.
+    metric
+        ``None`` (Euclidean: :math:`\mathrm{tr}\,H`), a positive pytree like ``params``
+        (a diagonal metric, e.g. Adam's second-moment estimate), or a Metric.
+    num_probes
+        Number of probes; the standard error falls like :math:`1/\sqrt{\text{probes}}`.
+    batched
+        ``"vmap"`` (probes vectorised) or ``"map"`` (``lax.map``, less memory).
+
+    Returns
+    -------
+    (estimate, standard_error)
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> est, se = mg.trace_estimate(lambda x: jnp.sum(jnp.arange(1.0, 4.0) * x**2), jnp.zeros(3), jax.random.PRNGKey(0))
+    >>> float(est)   # exact for a diagonal Hessian with Rademacher probes: 2 + 4 + 6
+    12.0
+    """
+    if not (isinstance(num_probes, int) and num_probes >= 1):
+        raise GeometryError(f"trace_estimate: num_probes must be a positive int, got {num_probes!r}.")
+    apply_inverse = _metric_inverse(metric, params, tol, maxiter)
+    probes = _rademacher_like(key, params, num_probes)
+
+    def one(z: PyTree) -> jax.Array:
+        hz = hvp(f, params, z)
+        return sum(
+            jnp.vdot(a, b)
+            for a, b in zip(jax.tree_util.tree_leaves(apply_inverse(z)), jax.tree_util.tree_leaves(hz))
+        )
+
+    if batched == "vmap":
+        values = jax.vmap(one)(probes)
+    elif batched == "map":
+        values = jax.lax.map(one, probes)
+    else:
+        raise GeometryError(f"trace_estimate: batched must be 'vmap' or 'map', got {batched!r}.")
+    check_finite(
+        values,
+        "The Hessian-vector products",
+        hint="The loss is not twice differentiable here, or overflowed.",
+    )
+    se = (
+        jnp.std(values, ddof=1) / jnp.sqrt(num_probes)
+        if num_probes > 1
+        else jnp.asarray(jnp.inf, values.dtype)
+    )
+    return jnp.mean(values), se
+
+
+def top_eigenvalues(
+    f: Callable[[PyTree], jax.Array],
+    params: PyTree,
+    key: jax.Array,
+    *,
+    k: int = 1,
+    metric: MetricArg = None,
+    num_iterations: int = 30,
+    tol: float = 1e-8,
+    maxiter: int | None = None,
+) -> jax.Array:
+    r"""The ``k`` largest eigenvalues of :math:`E = G^{-1}H` by Lanczos in the :math:`G`-inner product.
+
+    :math:`E` is self-adjoint for :math:`\langle u, v\rangle_G`, and
+    :math:`\langle u, Ev\rangle_G = u^\top H v`, so each iteration needs one
+    Hessian-vector product and one application of :math:`G^{-1}` (identity,
+    diagonal, or a CG solve).  Full reorthogonalization; ``num_iterations`` is
+    capped at the number of parameters.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> f = lambda x: 0.5 * jnp.sum(jnp.arange(1.0, 6.0) * x**2)
+    >>> mg.top_eigenvalues(f, jnp.zeros(5), jax.random.PRNGKey(0), k=2).round(4)
+    Array([5., 4.], dtype=float32)
+    """
+    d = tree_size(params)
+    m = min(num_iterations, d)
+    if not (isinstance(k, int) and 1 <= k <= m):
+        raise GeometryError(f"top_eigenvalues: k must be an int between 1 and num_iterations={m}; got {k!r}.")
+    flat0, unravel = ravel(params)
+    apply_inverse = _metric_inverse(metric, params, tol, maxiter)
+    Hv = lambda v: ravel(hvp(f, params, unravel(v)))[0]
+    Ginv = lambda v: ravel(apply_inverse(unravel(v)))[0]
+
+    # Lanczos for E = G^{-1} H with <u, v>_G; we store w_i = G q_i alongside the basis q_i so that
+    # G-inner products <q_i, x>_G = w_i^T x need no extra metric products.
+    z = jax.random.normal(key, (d,), dtype=flat0.dtype)
+    q = Ginv(z)  # <q, q>_G = q^T G q = q^T z
+    norm = jnp.sqrt(jnp.vdot(q, z))
+    q, w = q / norm, z / norm
+    Q = jnp.zeros((m, d), dtype=flat0.dtype).at[0].set(q)  # rows: the G-orthonormal Lanczos basis q_i
+    W = jnp.zeros((m, d), dtype=flat0.dtype).at[0].set(w)  # rows: G q_i, so that <q_i, x>_G = q_i^T (G x)
+    alphas = jnp.zeros(m, dtype=flat0.dtype)
+    betas = jnp.zeros(m, dtype=flat0.dtype)
+
+    def body(i, carry):
+        Q, W, alphas, betas = carry
+        h = Hv(Q[i])  # = G (E q_i)
+        alpha = jnp.vdot(Q[i], h)  # <q_i, E q_i>_G = q_i^T H q_i
+        for _ in range(2):  # full reorthogonalisation, twice: G v <- G v - sum_j <q_j, v>_G G q_j
+            h = h - W.T @ (Q @ h)
+        v = Ginv(h)
+        beta = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
+        safe = jnp.where(beta > 0, beta, 1.0)
+        nxt = jnp.minimum(i + 1, m - 1)
+        keep = i + 1 < m
+        Q = Q.at[nxt].set(jnp.where(keep, v / safe, Q[nxt]))
+        W = W.at[nxt].set(jnp.where(keep, h / safe, W[nxt]))
+        return Q, W, alphas.at[i].set(alpha), betas.at[i].set(beta)
+
+    Q, W, alphas, betas = jax.lax.fori_loop(0, m, body, (Q, W, alphas, betas))
+    T = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
+    ritz = jnp.linalg.eigvalsh(T)
+    check_finite(ritz, "The Lanczos Ritz values", hint="The Hessian-vector products are not finite.")
+    return ritz[::-1][:k]
