@@ -23,8 +23,9 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import minigeo as mg  # noqa: E402
 from _harness import cross_entropy, describe_machine, median_time, mlp, n_params, transformer_block  # noqa: E402
+
+import minigeo as mg  # noqa: E402
 
 TARGET = 3.0
 
