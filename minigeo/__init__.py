@@ -14,6 +14,9 @@ Modules (floors: a module imports only from floors below it)
 * floor 3 :mod:`minigeo.curvature`: HVPs, Hessians, Christoffel symbols, the
   Riemannian Hessian and the invariant Hessian endomorphism, Hutchinson and
   Lanczos (chapter 4).
+* floor 4 :mod:`minigeo.densities`: Lebesgue and volume-form densities, the
+  Laplace evidence (dense and stochastic Lanczos quadrature), weight norm
+  (chapter 5).
 * floor 3 :mod:`minigeo.natgrad`: Gram matrices, Moore-Penrose natural parameter
   gradients, matrix-free natural gradients and an optax preconditioner (chapter 3).
 """
@@ -48,6 +51,16 @@ from .curvature import (
     riemannian_hessian,
     top_eigenvalues,
     trace_estimate,
+)
+from .densities import (
+    LaplaceEvidence,
+    WeightNorm,
+    laplace_log_marginal_likelihood,
+    log_density_wrt_volume,
+    log_volume_element,
+    logdet_slq,
+    transform_log_density,
+    weight_norm,
 )
 from .metrics import (
     Likelihood,
@@ -120,4 +133,12 @@ __all__ = [
     "endomorphism_slogdet",
     "trace_estimate",
     "top_eigenvalues",
+    "transform_log_density",
+    "log_volume_element",
+    "log_density_wrt_volume",
+    "logdet_slq",
+    "LaplaceEvidence",
+    "laplace_log_marginal_likelihood",
+    "WeightNorm",
+    "weight_norm",
 ]

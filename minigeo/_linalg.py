@@ -18,7 +18,7 @@ import numpy as np
 from ._checks import GeometryError, check_finite, check_spd, check_square_matrix, is_concrete
 from ._tree import PyTree, ravel, tree_size, tree_vdot
 
-__all__ = ["solve_spd_dense", "solve_spd_cg", "add_damping"]
+__all__ = ["solve_spd_dense", "solve_spd_cg", "add_damping", "lanczos_tridiagonal"]
 
 
 def add_damping(op: Callable[[PyTree], PyTree], damping: float) -> Callable[[PyTree], PyTree]:
@@ -81,3 +81,44 @@ def solve_spd_cg(
                 "singular or indefinite: add damping (e.g. damping=1e-3), or raise maxiter."
             )
     return solution
+
+
+def lanczos_tridiagonal(
+    apply_h: Callable[[jax.Array], jax.Array],
+    apply_ginv: Callable[[jax.Array], jax.Array],
+    z: jax.Array,
+    m: int,
+) -> jax.Array:
+    """Lanczos tridiagonalization of ``E = G^{-1} H`` in the ``G``-inner product, full reorthogonalization.
+
+    ``E`` is self-adjoint for ``<u, v>_G = u^T G v`` and ``<u, E v>_G = u^T H v``, so
+    each step needs one product with ``H`` and one with ``G^{-1}`` (the identity for
+    the ordinary, Euclidean Lanczos).  The start vector is ``G^{-1} z`` normalized
+    in the ``G``-norm, so for ``G = I`` it is ``z / |z|``.  Works on flat 1-D vectors
+    and is ``jit``/``vmap``-compatible.  Returns the ``m x m`` tridiagonal matrix.
+    """
+    d = z.shape[0]
+    q = apply_ginv(z)  # <q, q>_G = q^T G q = q^T z
+    norm = jnp.sqrt(jnp.vdot(q, z))
+    Q = jnp.zeros((m, d), dtype=z.dtype).at[0].set(q / norm)  # rows: the G-orthonormal basis q_i
+    W = jnp.zeros((m, d), dtype=z.dtype).at[0].set(z / norm)  # rows: G q_i, so that <q_i, x>_G = q_i^T (G x)
+    alphas = jnp.zeros(m, dtype=z.dtype)
+    betas = jnp.zeros(m, dtype=z.dtype)
+
+    def body(i, carry):
+        Q, W, alphas, betas = carry
+        h = apply_h(Q[i])  # = G (E q_i)
+        alpha = jnp.vdot(Q[i], h)
+        for _ in range(2):  # full reorthogonalization, twice
+            h = h - W.T @ (Q @ h)
+        v = apply_ginv(h)
+        beta = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
+        safe = jnp.where(beta > 0, beta, 1.0)
+        nxt = jnp.minimum(i + 1, m - 1)
+        keep = i + 1 < m
+        Q = Q.at[nxt].set(jnp.where(keep, v / safe, Q[nxt]))
+        W = W.at[nxt].set(jnp.where(keep, h / safe, W[nxt]))
+        return Q, W, alphas.at[i].set(alpha), betas.at[i].set(beta)
+
+    _, _, alphas, betas = jax.lax.fori_loop(0, m, body, (Q, W, alphas, betas))
+    return jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)

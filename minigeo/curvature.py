@@ -32,7 +32,7 @@ from ._checks import (
     check_square_matrix,
     is_concrete,
 )
-from ._linalg import solve_spd_cg
+from ._linalg import lanczos_tridiagonal, solve_spd_cg
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .metrics import Metric
 
@@ -398,34 +398,7 @@ def top_eigenvalues(
     Hv = lambda v: ravel(hvp(f, params, unravel(v)))[0]
     Ginv = lambda v: ravel(apply_inverse(unravel(v)))[0]
 
-    # Lanczos for E = G^{-1} H with <u, v>_G; we store w_i = G q_i alongside the basis q_i so that
-    # G-inner products <q_i, x>_G = w_i^T x need no extra metric products.
-    z = jax.random.normal(key, (d,), dtype=flat0.dtype)
-    q = Ginv(z)  # <q, q>_G = q^T G q = q^T z
-    norm = jnp.sqrt(jnp.vdot(q, z))
-    q, w = q / norm, z / norm
-    Q = jnp.zeros((m, d), dtype=flat0.dtype).at[0].set(q)  # rows: the G-orthonormal Lanczos basis q_i
-    W = jnp.zeros((m, d), dtype=flat0.dtype).at[0].set(w)  # rows: G q_i, so that <q_i, x>_G = q_i^T (G x)
-    alphas = jnp.zeros(m, dtype=flat0.dtype)
-    betas = jnp.zeros(m, dtype=flat0.dtype)
-
-    def body(i, carry):
-        Q, W, alphas, betas = carry
-        h = Hv(Q[i])  # = G (E q_i)
-        alpha = jnp.vdot(Q[i], h)  # <q_i, E q_i>_G = q_i^T H q_i
-        for _ in range(2):  # full reorthogonalisation, twice: G v <- G v - sum_j <q_j, v>_G G q_j
-            h = h - W.T @ (Q @ h)
-        v = Ginv(h)
-        beta = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
-        safe = jnp.where(beta > 0, beta, 1.0)
-        nxt = jnp.minimum(i + 1, m - 1)
-        keep = i + 1 < m
-        Q = Q.at[nxt].set(jnp.where(keep, v / safe, Q[nxt]))
-        W = W.at[nxt].set(jnp.where(keep, h / safe, W[nxt]))
-        return Q, W, alphas.at[i].set(alpha), betas.at[i].set(beta)
-
-    Q, W, alphas, betas = jax.lax.fori_loop(0, m, body, (Q, W, alphas, betas))
-    T = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
+    T = lanczos_tridiagonal(Hv, Ginv, jax.random.normal(key, (d,), dtype=flat0.dtype), m)
     ritz = jnp.linalg.eigvalsh(T)
     check_finite(ritz, "The Lanczos Ritz values", hint="The Hessian-vector products are not finite.")
     return ritz[::-1][:k]
