@@ -71,7 +71,7 @@ def transform_log_density(
     return log_q_psi
 
 
-def log_volume_element(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+def log_volume_element(metric_fn: Callable[[PyTree], jax.Array], x: PyTree) -> jax.Array:
     r""":math:`\log|\det G(x)|^{1/2}`, the log density of the Riemannian volume form :math:`dV_G` w.r.t. Lebesgue.
 
     By Cholesky; raises if :math:`G(x)` is not symmetric positive definite.
@@ -221,7 +221,7 @@ def laplace_log_marginal_likelihood(
         Added to the diagonal of the curvature (the Hessian of an isotropic Gaussian
         prior when ``curvature`` is a GGN of the likelihood alone).
     metric
-        ``x -> G(x)`` (dense): evaluate the evidence with respect to the Riemannian
+        ``params -> G`` (dense, flattened coordinates): evaluate the evidence w.r.t. the Riemannian
         volume form :math:`dV_G`, i.e. use :math:`\log\det(G^{-1}H)`.  With the metric
         transformed along with the parameters, the result is reparametrization-invariant.
     reparametrization
@@ -311,7 +311,7 @@ def laplace_log_marginal_likelihood(
             f"laplace_log_marginal_likelihood: method must be 'dense' or 'slq', got {method!r}."
         )
     if metric is not None:
-        logdet = logdet - 2.0 * log_volume_element(metric, flat)
+        logdet = logdet - 2.0 * log_volume_element(metric, params)
     rest = 0.5 * d * jnp.log(2 * jnp.pi) - 0.5 * logdet
     return LaplaceEvidence(-value + rest, value, rest, logdet, logdet_se, d)
 
@@ -326,7 +326,8 @@ class WeightNorm(NamedTuple):
     Kingma 2016; paper 000, Example 1(b)), so it is not a :class:`Reparametrization`
     in the strict sense.
 
-    Use :meth:`split` (:math:`\theta \to \psi`, with :math:`\eta = W`) and
+    Use :meth:`split` (:math:`\theta \to \psi`, with unit-norm :math:`\eta`, as in paper 000's
+    :math:`\theta = r\eta`, :math:`\eta \in S^{d-1}`) and
     :meth:`merge` (:math:`\psi \to \theta`).
     """
 
@@ -342,7 +343,7 @@ class WeightNorm(NamedTuple):
         return theta
 
     def split(self, theta: dict) -> dict:
-        """:math:`\\theta \\mapsto \\psi` with :math:`r = \\lVert W\\rVert` per unit and :math:`\\eta = W`."""
+        """:math:`\\theta \\mapsto \\psi` with :math:`r = \\lVert W\\rVert` per unit and the unit direction :math:`\\eta = W/\\lVert W\\rVert`."""
         missing = [k for k in self.keys if k not in theta]
         if missing:
             raise GeometryError(
@@ -354,7 +355,7 @@ class WeightNorm(NamedTuple):
             if jnp.ndim(W) < 1:
                 raise GeometryError(f"weight_norm: {k!r} must be an array of weights, got a scalar.")
             norm = jnp.sqrt(jnp.sum(W**2, axis=tuple(range(W.ndim - 1))))
-            psi[k] = {"r": norm, "eta": W}
+            psi[k] = {"r": norm, "eta": W / norm}
         return psi
 
 
