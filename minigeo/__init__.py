@@ -11,6 +11,8 @@ Modules (floors: a module imports only from floors below it)
   (chapter 1); :mod:`minigeo.reparam`: built-in reparametrizations;
   :mod:`minigeo.metrics`: matrix-free metrics (GGN, Fisher, empirical Fisher,
   pullbacks; chapter 2).
+* floor 2 :mod:`minigeo.quotient`: GL(h)/GL(1) quotient geometry (metric (15),
+  vertical and horizontal spaces, Riemannian gradient, geodesics; chapter 6).
 * floor 3 :mod:`minigeo.curvature`: HVPs, Hessians, Christoffel symbols, the
   Riemannian Hessian and the invariant Hessian endomorphism, Hutchinson and
   Lanczos (chapter 4).
@@ -83,6 +85,17 @@ from .natgrad import (
     precondition_by_metric,
     span_projection,
 )
+from .quotient import (
+    christoffel_quadratic,
+    geodesic_step,
+    gl1_geodesic,
+    gl1_horizontal_projection,
+    gl1_metric,
+    gl_metric,
+    horizontal_projection,
+    riemannian_gradient,
+    vertical_vector,
+)
 
 __version__ = "0.1.0"
 
@@ -141,4 +154,13 @@ __all__ = [
     "laplace_log_marginal_likelihood",
     "WeightNorm",
     "weight_norm",
+    "gl_metric",
+    "vertical_vector",
+    "horizontal_projection",
+    "riemannian_gradient",
+    "christoffel_quadratic",
+    "geodesic_step",
+    "gl1_metric",
+    "gl1_horizontal_projection",
+    "gl1_geodesic",
 ]
