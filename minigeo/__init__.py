@@ -18,6 +18,8 @@ Modules (floors: a module imports only from floors below it)
 * floor 3 :mod:`minigeo.curvature`: HVPs, Hessians, Christoffel symbols, the
   Riemannian Hessian and the invariant Hessian endomorphism, Hutchinson and
   Lanczos (chapter 4).
+* floor 3 :mod:`minigeo.sharpness`: adaptive and geodesic sharpness by Auto-PGD,
+  symmetry specifications, Kendall's tau (chapters 6 and 7).
 * floor 4 :mod:`minigeo.densities`: Lebesgue and volume-form densities, the
   Laplace evidence (dense and stochastic Lanczos quadrature), weight norm
   (chapter 5).
@@ -26,7 +28,7 @@ Every module lists its public names in ``__all__``; this file re-exports them
 all (``minigeo.metrics.dense`` as ``dense_metric``, to keep the name unambiguous).
 """
 
-from . import coords, curvature, densities, metrics, natgrad, quotient, reparam
+from . import coords, curvature, densities, metrics, natgrad, quotient, reparam, sharpness
 from ._checks import GeometryError
 from .coords import *  # noqa: F403
 from .curvature import *  # noqa: F403
@@ -35,6 +37,7 @@ from .metrics import *  # noqa: F403
 from .metrics import dense as dense_metric
 from .natgrad import *  # noqa: F403
 from .quotient import *  # noqa: F403
+from .sharpness import *  # noqa: F403
 
 del dense  # noqa: F821  (re-exported as dense_metric)
 
@@ -52,4 +55,5 @@ __all__ = [
     *natgrad.__all__,
     *curvature.__all__,
     *densities.__all__,
+    *sharpness.__all__,
 ]

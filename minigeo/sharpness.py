@@ -1,0 +1,439 @@
+r"""Adaptive and geodesic sharpness (floor 3, chapters 6 and 7).
+
+**Adaptive sharpness** (Kwon et al. 2021; Andriushchenko et al. 2023) measures how much the
+loss can rise under perturbations scaled by the weights' magnitudes,
+
+.. math:: S^\rho_{\max}(w) = \max_{\lVert\delta/|w|\rVert_2 \le \rho} L(w + \delta) - L(w),
+
+which is invariant to element-wise rescalings (GL(1) symmetries) but not to the GL(h)
+symmetries of attention.  **Geodesic sharpness** (paper 004, eq. 6/8) maximizes over the
+geodesic ball of the quotient manifold instead: horizontal velocities :math:`\xi` with
+:math:`\lVert\xi\rVert_g \le \rho` under metric (15) for the GL(h) pairs named in a
+:class:`SymmetrySpec`, the adaptive norm for all other weights, and the perturbed point
+:math:`w + \xi - \tfrac12\Gamma(\xi,\xi)` (eq. 7).  Both maxima are found by Auto-PGD
+(Croce & Hein 2020; paper 004, App. C.2, Algorithm 1): normalized (Riemannian) gradient
+ascent with momentum 0.75, projection onto the ball, and step-size halving with restarts
+from the best point at checkpoints 0, 0.22, 0.41, ... of the iterations.
+
+Both functions are jit-compiled end to end (``lax`` loops), deterministic given a PRNG key,
+average over a stack of batches, and return the maximizing perturbation.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from typing import Any, Callable, NamedTuple, Sequence
+
+import jax
+import jax.numpy as jnp
+
+from ._checks import GeometryError
+from ._tree import PyTree
+from .quotient import christoffel_quadratic, gl_metric, horizontal_projection
+
+__all__ = [
+    "SymmetrySpec",
+    "symmetry_spec",
+    "SharpnessResult",
+    "adaptive_sharpness",
+    "geodesic_sharpness",
+    "kendall_tau",
+]
+
+Path = Sequence[Any]
+
+
+class SymmetrySpec(NamedTuple):
+    """Which leaves of a parameter pytree form GL(h) pairs ``(G, H)`` (used as ``G H^T``); all other leaves are treated element-wise (GL(1), adaptive).
+
+    Build it with :func:`symmetry_spec`, which checks the paths and shapes.  ``pairs``
+    holds leaf indices in ``jax.tree_util.tree_leaves`` order.
+    """
+
+    pairs: tuple[tuple[int, int], ...]
+    num_leaves: int
+    eps: float
+
+
+def _key_entry(k: Any) -> Any:
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return getattr(k, attr)
+    return k
+
+
+def symmetry_spec(
+    params: PyTree, gl_pairs: Sequence[tuple[Path, Path]] = (), *, eps: float = 0.0
+) -> SymmetrySpec:
+    r"""Name the GL(h) pairs of a parameter pytree by their paths, e.g. ``[(("attn", "W_q"), ("attn", "W_k"))]``.
+
+    Each pair's arrays must have shapes ``(..., n, h)`` and ``(..., m, h)`` with equal
+    ``h`` and batch (head) dimensions.  ``eps`` is the relaxation of App. G.2.
+
+    Raises
+    ------
+    GeometryError
+        If a path does not exist (the message lists the available paths), a leaf is
+        used twice, or the shapes are incompatible.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> params = {"q": jnp.ones((4, 2)), "k": jnp.ones((3, 2)), "b": jnp.ones(3)}
+    >>> mg.symmetry_spec(params, [(("q",), ("k",))]).pairs
+    ((2, 1),)
+    """
+    if isinstance(eps, (int, float)) and eps < 0:
+        raise GeometryError(f"symmetry_spec: eps must be >= 0, got {eps}.")
+    with_path = jax.tree_util.tree_leaves_with_path(params)
+    index = {tuple(_key_entry(k) for k in path): i for i, (path, _) in enumerate(with_path)}
+    leaves = [leaf for _, leaf in with_path]
+    used: set[int] = set()
+    pairs = []
+    for g_path, h_path in gl_pairs:
+        ids = []
+        for path in (g_path, h_path):
+            key = tuple(path) if isinstance(path, (tuple, list)) else (path,)
+            if key not in index:
+                raise GeometryError(
+                    f"symmetry_spec: the parameter pytree has no leaf at {key}. Available leaves: "
+                    f"{sorted(index, key=str)}."
+                )
+            ids.append(index[key])
+        gi, hi = ids
+        for i in ids:
+            if i in used:
+                raise GeometryError(
+                    f"symmetry_spec: leaf {list(index)[i]} appears in more than one GL(h) pair."
+                )
+            used.add(i)
+        G, H = leaves[gi], leaves[hi]
+        if jnp.ndim(G) < 2 or jnp.ndim(H) < 2 or G.shape[-1] != H.shape[-1] or G.shape[:-2] != H.shape[:-2]:
+            raise GeometryError(
+                f"symmetry_spec: the pair {tuple(g_path)} {jnp.shape(G)} / {tuple(h_path)} {jnp.shape(H)} must be "
+                "matrices (..., n, h) and (..., m, h) with the same h and head dimensions (used as G H^T)."
+            )
+        pairs.append((gi, hi))
+    return SymmetrySpec(tuple(pairs), len(leaves), float(eps))
+
+
+class SharpnessResult(NamedTuple):
+    """Sharpness averaged over batches, per batch, and the maximizing perturbation of each batch (stacked)."""
+
+    sharpness: jax.Array
+    per_batch: jax.Array
+    perturbation: PyTree
+
+
+# ---------------------------------------------------------------------------
+# the geometry of the perturbation, on flat lists of leaves
+# ---------------------------------------------------------------------------
+class _Geometry:
+    """Norms, perturbed points and Riemannian gradients for a perturbation ``xi`` at weights ``w``.
+
+    GL(h) pairs carry their tangent vector directly; every other leaf is parametrized
+    as ``xi = |w| * z`` so that its adaptive norm is ``|z|``.
+    """
+
+    def __init__(self, spec: SymmetrySpec | None, geodesic: bool):
+        self.pairs = spec.pairs if spec is not None else ()
+        self.eps = spec.eps if spec is not None else 0.0
+        self.geodesic = geodesic
+        self.paired = {i for p in self.pairs for i in p}
+
+    def _key(self) -> tuple:
+        return (self.pairs, self.eps, self.geodesic)
+
+    def __hash__(self) -> int:  # a static argument of the compiled loop: equal geometries share a compilation
+        return hash(self._key())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Geometry) and self._key() == other._key()
+
+    def norm_sq(self, w: list, x: list) -> jax.Array:
+        total = sum((jnp.sum(x[i] ** 2) for i in range(len(x)) if i not in self.paired), jnp.zeros(()))
+        for gi, hi in self.pairs:
+            total = total + gl_metric((w[gi], w[hi]), (x[gi], x[hi]), (x[gi], x[hi]), eps=self.eps)
+        return total
+
+    def perturb(self, w: list, x: list) -> list:
+        out = [w[i] + jnp.abs(w[i]) * x[i] if i not in self.paired else None for i in range(len(w))]
+        for gi, hi in self.pairs:
+            point, xi = (w[gi], w[hi]), (x[gi], x[hi])
+            if self.geodesic:
+                cG, cH = christoffel_quadratic(point, xi, eps=self.eps)
+                out[gi], out[hi] = w[gi] + x[gi] - 0.5 * cG, w[hi] + x[hi] - 0.5 * cH
+            else:
+                out[gi], out[hi] = w[gi] + x[gi], w[hi] + x[hi]
+        return out
+
+    def riemannian(self, w: list, g: list) -> list:
+        out = list(g)  # z-coordinates of non-pair leaves are Euclidean
+        for gi, hi in self.pairs:
+            G, H = w[gi], w[hi]
+            h_eye = jnp.eye(G.shape[-1], dtype=G.dtype)
+            P = jnp.swapaxes(G, -1, -2) @ G + self.eps * h_eye
+            Q = jnp.swapaxes(H, -1, -2) @ H + self.eps * h_eye
+            out[gi], out[hi] = horizontal_projection((G, H), (g[gi] @ P, g[hi] @ Q), eps=self.eps)
+        return out
+
+    def project_horizontal(self, w: list, x: list) -> list:
+        out = list(x)
+        for gi, hi in self.pairs:
+            out[gi], out[hi] = horizontal_projection((w[gi], w[hi]), (x[gi], x[hi]), eps=self.eps)
+        return out
+
+
+def _checkpoints(n_iter: int) -> list[int]:
+    """Auto-PGD checkpoints ceil(p_j * n_iter): p_0 = 0, p_1 = 0.22, p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)."""
+    p = [0.0, 0.22]
+    while p[-1] < 1.0:
+        p.append(p[-1] + max(p[-1] - p[-2] - 0.03, 0.06))
+    return sorted({math.ceil(q * n_iter) for q in p if 0 < q <= 1.0})
+
+
+def _check_common(rho: float, batches: PyTree, n_iter: int) -> int:
+    if not (isinstance(rho, (int, float)) and rho > 0):
+        raise GeometryError(f"the sharpness radius rho must be > 0, got {rho!r}.")
+    if not (isinstance(n_iter, int) and n_iter >= 1):
+        raise GeometryError(f"n_iter must be a positive int, got {n_iter!r}.")
+    leaves = jax.tree_util.tree_leaves(batches)
+    if not leaves:
+        raise GeometryError(
+            "batches is empty: pass a pytree of arrays stacked along a leading batch-index axis."
+        )
+    sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
+    if len(sizes) != 1 or None in sizes or 0 in sizes:
+        raise GeometryError(
+            f"batches must be stacked along a common leading axis of length >= 1 (one entry per batch); got leading sizes {sizes}."
+        )
+    return sizes.pop()
+
+
+@functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum"))
+def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum: float):
+    w, treedef = jax.tree_util.tree_flatten(params)
+    objective = lambda x: loss_fn(jax.tree_util.tree_unflatten(treedef, geometry.perturb(w, x)), batch)
+    value_and_grad = jax.value_and_grad(objective)
+    base = loss_fn(params, batch)
+
+    def norm(x):
+        return jnp.sqrt(jnp.maximum(geometry.norm_sq(w, x), 1e-300))
+
+    def project(x):
+        scale = jnp.minimum(1.0, rho / norm(x))
+        return [scale * xi for xi in x]
+
+    def ascent_step(x, eta):
+        _, g = value_and_grad(x)
+        rg = geometry.riemannian(w, g)
+        return [xi + eta * d / norm(rg) for xi, d in zip(x, rg)]
+
+    # equivariant random start of norm rho / 2: random z for GL(1) leaves, and for each GL(h)
+    # pair the Riemannian gradient of a random linear function of G H^T (which moves with the group)
+    keys = jax.random.split(key, len(w))
+    x0 = [jax.random.normal(k, jnp.shape(wi), dtype=jnp.result_type(wi)) for k, wi in zip(keys, w)]
+    for gi, hi in geometry.pairs:
+        G, H = w[gi], w[hi]
+        R = jax.random.normal(keys[gi], G.shape[:-1] + (H.shape[-2],), dtype=G.dtype)
+        x0[gi], x0[hi] = R @ H, jnp.swapaxes(R, -1, -2) @ G
+    x0 = geometry.riemannian(w, x0) if geometry.pairs else x0
+    x0 = [0.5 * rho * xi / norm(x0) for xi in x0]
+    f0 = objective(x0)
+
+    checkpoints = jnp.zeros(n_iter + 1, dtype=bool).at[jnp.asarray(_checkpoints(n_iter))].set(True)
+    eta0 = 2.0 * rho
+    state = dict(
+        x=x0,
+        x_prev=x0,
+        f=f0,
+        eta=jnp.asarray(eta0, f0.dtype),
+        best_x=x0,
+        best_f=f0,
+        succ=jnp.zeros((), jnp.int32),
+        last_ck=jnp.zeros((), jnp.int32),
+        eta_ck=jnp.asarray(eta0, f0.dtype),
+        best_ck=f0,
+    )
+
+    def body(k, s):
+        z = project(ascent_step(s["x"], s["eta"]))
+        combined = [
+            xi + momentum * (zi - xi) + (1 - momentum) * (xi - pi)
+            for xi, zi, pi in zip(s["x"], z, s["x_prev"])
+        ]
+        x_new = jax.lax.cond(k == 0, lambda: z, lambda: project(combined))
+        x_new = geometry.project_horizontal(w, x_new)
+        f_new = objective(x_new)
+        succ = s["succ"] + (f_new > s["f"]).astype(jnp.int32)
+        better = f_new > s["best_f"]
+        best_x = [jnp.where(better, a, b) for a, b in zip(x_new, s["best_x"])]
+        best_f = jnp.where(better, f_new, s["best_f"])
+        at_ck = checkpoints[k + 1]
+        span = (k + 1 - s["last_ck"]).astype(f0.dtype)
+        halve = at_ck & ((succ < 0.75 * span) | ((s["eta"] == s["eta_ck"]) & (best_f == s["best_ck"])))
+        eta = jnp.where(halve, s["eta"] / 2, s["eta"])
+        x_next = [jnp.where(halve, b, a) for a, b in zip(x_new, best_x)]
+        x_prev = [jnp.where(halve, b, a) for a, b in zip(s["x"], best_x)]
+        f_next = jnp.where(halve, best_f, f_new)
+        return dict(
+            x=x_next,
+            x_prev=x_prev,
+            f=f_next,
+            eta=eta,
+            best_x=best_x,
+            best_f=best_f,
+            succ=jnp.where(at_ck, 0, succ),
+            last_ck=jnp.where(at_ck, k + 1, s["last_ck"]),
+            eta_ck=jnp.where(at_ck, s["eta"], s["eta_ck"]),
+            best_ck=jnp.where(at_ck, best_f, s["best_ck"]),
+        )
+
+    s = jax.lax.fori_loop(0, n_iter, body, state)
+    delta = geometry.perturb(w, s["best_x"])
+    perturbation = jax.tree_util.tree_unflatten(treedef, [d - wi for d, wi in zip(delta, w)])
+    return s["best_f"] - base, perturbation
+
+
+def _over_batches(loss_fn, geometry, params, batches, rho, key, n_iter, momentum) -> SharpnessResult:
+    n = _check_common(rho, batches, n_iter)
+    keys = jax.random.split(key, n)
+    values, perts = jax.lax.map(
+        lambda kb: _auto_pgd(loss_fn, geometry, params, kb[1], float(rho), kb[0], n_iter, momentum),
+        (keys, batches),
+    )
+    return SharpnessResult(jnp.mean(values), values, perts)
+
+
+def adaptive_sharpness(
+    loss_fn: Callable[[PyTree, Any], jax.Array],
+    params: PyTree,
+    batches: PyTree,
+    rho: float,
+    *,
+    key: jax.Array,
+    kind: str = "worst",
+    n_iter: int = 20,
+    n_samples: int = 64,
+    momentum: float = 0.75,
+) -> SharpnessResult:
+    r"""Adaptive sharpness: worst case by Auto-PGD, or the average case :math:`\mathbb E_{z\sim\mathcal N(0,\rho^2 I)}L(w + |w|\odot z) - L(w)`.
+
+    Parameters
+    ----------
+    loss_fn
+        ``loss_fn(params, batch) -> scalar``.  Must be hashable (a module-level
+        function or a fixed lambda), as it is a static argument of the compiled loop.
+    params
+        The weights :math:`w` (a pytree).
+    batches
+        A pytree whose leaves are stacked along a leading axis, one entry per batch;
+        the result is averaged over batches (Andriushchenko et al. 2023).
+    rho
+        Radius of the adaptive L2 ball :math:`\lVert\delta/|w|\rVert_2 \le \rho`.
+    key
+        PRNG key (random start, average-case samples).
+    kind
+        ``"worst"`` (Auto-PGD, ``n_iter`` iterations) or ``"average"`` (``n_samples`` Gaussian samples).
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> loss = lambda w, b: 0.5 * jnp.sum(b * (w - 1.0) ** 2)        # minimum at w = 1, curvature b
+    >>> res = mg.adaptive_sharpness(loss, jnp.ones(3), jnp.array([[1.0, 2.0, 4.0]]), 0.1, key=jax.random.PRNGKey(0))
+    >>> round(float(res.sharpness), 4)                               # closed form: rho^2 max(b) / 2
+    0.02
+    """
+    if kind == "worst":
+        return _over_batches(
+            loss_fn, _Geometry(None, geodesic=False), params, batches, rho, key, n_iter, momentum
+        )
+    if kind != "average":
+        raise GeometryError(f"adaptive_sharpness: kind must be 'worst' or 'average', got {kind!r}.")
+    n = _check_common(rho, batches, n_iter)
+    if not (isinstance(n_samples, int) and n_samples >= 1):
+        raise GeometryError(f"adaptive_sharpness: n_samples must be a positive int, got {n_samples!r}.")
+
+    def one_batch(kb):
+        k, batch = kb
+        w, treedef = jax.tree_util.tree_flatten(params)
+
+        def sample(kk):
+            ks = jax.random.split(kk, len(w))
+            pert = [
+                wi + jnp.abs(wi) * rho * jax.random.normal(ki, jnp.shape(wi), jnp.result_type(wi))
+                for ki, wi in zip(ks, w)
+            ]
+            return loss_fn(jax.tree_util.tree_unflatten(treedef, pert), batch)
+
+        return jnp.mean(jax.lax.map(sample, jax.random.split(k, n_samples))) - loss_fn(params, batch)
+
+    values = jax.jit(lambda ks, bs: jax.lax.map(one_batch, (ks, bs)))(jax.random.split(key, n), batches)
+    zeros = jax.tree_util.tree_map(lambda x: jnp.zeros((n,) + jnp.shape(x), jnp.result_type(x)), params)
+    return SharpnessResult(jnp.mean(values), values, zeros)
+
+
+def geodesic_sharpness(
+    loss_fn: Callable[[PyTree, Any], jax.Array],
+    params: PyTree,
+    batches: PyTree,
+    spec: SymmetrySpec,
+    rho: float,
+    *,
+    key: jax.Array,
+    n_iter: int = 20,
+    momentum: float = 0.75,
+) -> SharpnessResult:
+    r"""Worst-case geodesic sharpness on the quotient by the spec's symmetries (paper 004, eq. 8, Algorithm 1).
+
+    Maximizes :math:`L(w + \xi - \tfrac12\Gamma(\xi,\xi)) - L(w)` over horizontal :math:`\xi` with
+    :math:`\lVert\xi\rVert_g \le \rho` (metric (15) on the GL(h) pairs of ``spec``, the adaptive
+    norm elsewhere) by Auto-PGD with Riemannian gradients and projection onto the
+    horizontal ball.  Invariant under :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` on every pair
+    (with ``spec.eps = 0``) and under element-wise rescalings elsewhere.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> params = {"G": jnp.array([[1.0, 0.0], [0.0, 2.0]]), "H": jnp.array([[1.0, 1.0], [0.0, 1.0]])}
+    >>> loss = lambda p, T: 0.5 * jnp.sum((p["G"] @ p["H"].T - T) ** 2)
+    >>> spec = mg.symmetry_spec(params, [(("G",), ("H",))])
+    >>> T = (params["G"] @ params["H"].T)[None]
+    >>> res = mg.geodesic_sharpness(loss, params, T, spec, 0.05, key=jax.random.PRNGKey(0))
+    >>> bool(res.sharpness > 0)
+    True
+    """
+    if not isinstance(spec, SymmetrySpec):
+        raise GeometryError(
+            "geodesic_sharpness needs a SymmetrySpec from mg.symmetry_spec(params, gl_pairs)."
+        )
+    n_leaves = len(jax.tree_util.tree_leaves(params))
+    if spec.num_leaves != n_leaves:
+        raise GeometryError(
+            f"the SymmetrySpec was built for a pytree with {spec.num_leaves} leaves, but params has {n_leaves}; "
+            "build the spec from these params."
+        )
+    return _over_batches(loss_fn, _Geometry(spec, geodesic=True), params, batches, rho, key, n_iter, momentum)
+
+
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
+    r"""Kendall's rank correlation :math:`\tau` of two sequences (``scipy.stats.kendalltau``, tau-b).
+
+    Examples
+    --------
+    >>> import minigeo as mg
+    >>> round(mg.kendall_tau([1, 2, 3, 4], [10, 20, 40, 30]), 6)
+    0.666667
+    """
+    from scipy.stats import kendalltau
+
+    x, y = list(map(float, x)), list(map(float, y))
+    if len(x) != len(y) or len(x) < 2:
+        raise GeometryError(
+            f"kendall_tau needs two sequences of the same length >= 2; got lengths {len(x)} and {len(y)}."
+        )
+    return float(kendalltau(x, y).statistic)

@@ -1,0 +1,165 @@
+"""Tests of minigeo.sharpness: Auto-PGD vs closed forms, GL(1)/GL(h) invariances, error paths."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import random_invertible, random_spd, rng
+
+import minigeo as mg
+
+
+def quadratic_loss(w, batch):
+    A, c = batch
+    d = w - c
+    return 0.5 * d @ A @ d
+
+
+def test_adaptive_worst_case_matches_closed_form_on_quadratics():
+    """At the minimum w = c of 0.5 (w - c)^T A (w - c), the worst case over |z| <= rho with delta = |w| z
+    is 0.5 rho^2 lambda_max(D A D), D = diag|w| (a trust-region problem); averaged over two batches."""
+    r = rng(0)
+    d = 6
+    c = jnp.asarray(r.uniform(0.5, 2.0, size=d)) * jnp.asarray(r.choice([-1.0, 1.0], size=d))
+    As = jnp.stack([random_spd(r, d, cond=20.0), random_spd(r, d, cond=5.0)])
+    batches = (As, jnp.stack([c, c]))
+    rho = 0.05
+    res = mg.adaptive_sharpness(quadratic_loss, c, batches, rho, key=jax.random.PRNGKey(0), n_iter=40)
+    D = np.diag(np.abs(np.asarray(c)))
+    exact = [0.5 * rho**2 * np.linalg.eigvalsh(D @ np.asarray(A) @ D)[-1] for A in As]
+    np.testing.assert_allclose(res.per_batch, exact, rtol=1e-2)
+    np.testing.assert_allclose(res.sharpness, np.mean(exact), rtol=1e-2)
+    # the reported perturbation is feasible and attains the value
+    for b in range(2):
+        delta = res.perturbation[b]
+        assert float(jnp.linalg.norm(delta / jnp.abs(c))) <= rho * (1 + 1e-9)
+        np.testing.assert_allclose(quadratic_loss(c + delta, (As[b], c)), res.per_batch[b], rtol=1e-9)
+    # deterministic given the key
+    again = mg.adaptive_sharpness(quadratic_loss, c, batches, rho, key=jax.random.PRNGKey(0), n_iter=40)
+    np.testing.assert_allclose(again.per_batch, res.per_batch, rtol=0)
+
+
+def test_adaptive_average_case_closed_form():
+    """E_z[0.5 (|w| z)^T A (|w| z)] = 0.5 rho^2 tr(D A D); Monte Carlo with 4000 samples within 5 %."""
+    r = rng(1)
+    d = 4
+    c = jnp.asarray(r.uniform(0.5, 2.0, size=d))
+    A = random_spd(r, d)
+    res = mg.adaptive_sharpness(
+        quadratic_loss, c, (A[None], c[None]), 0.1, key=jax.random.PRNGKey(1), kind="average", n_samples=4000
+    )
+    D = np.diag(np.asarray(c))
+    np.testing.assert_allclose(res.sharpness, 0.5 * 0.01 * np.trace(D @ np.asarray(A) @ D), rtol=0.05)
+
+
+def diagonal_net_problem(seed=2, n=20, d=5):
+    r = rng(seed)
+    X = jnp.asarray(r.normal(size=(n, d)))
+    beta = jnp.asarray(r.normal(size=d))
+    params = {
+        "u": jnp.asarray(r.uniform(0.5, 1.5, size=d)),
+        "v": beta / jnp.asarray(r.uniform(0.5, 1.5, size=d)),
+    }
+    params["v"] = beta / params["u"]
+    loss = lambda p, b: jnp.mean((b[0] @ (p["u"] * p["v"]) - b[1]) ** 2)
+    y = X @ beta + 0.1 * jnp.asarray(r.normal(size=n))
+    return params, loss, (X[None], y[None])
+
+
+def test_adaptive_sharpness_invariant_to_elementwise_rescaling():
+    params, loss, batches = diagonal_net_problem()
+    a = jnp.asarray(rng(3).uniform(0.2, 5.0, size=5))
+    rescaled = {"u": a * params["u"], "v": params["v"] / a}
+    s1 = mg.adaptive_sharpness(loss, params, batches, 0.1, key=jax.random.PRNGKey(0)).sharpness
+    s2 = mg.adaptive_sharpness(loss, rescaled, batches, 0.1, key=jax.random.PRNGKey(0)).sharpness
+    np.testing.assert_allclose(s2, s1, rtol=1e-8)
+
+
+def attention_problem(seed=4, n=6, h=3, tokens=5, dim=6):
+    r = rng(seed)
+    X = jnp.asarray(r.normal(size=(2, tokens, dim)))
+    T = jnp.asarray(r.normal(size=(2, tokens, tokens)))
+    params = {
+        "G": jnp.asarray(r.normal(size=(dim, h))),
+        "H": jnp.asarray(r.normal(size=(dim, h))),
+        "b": jnp.asarray(r.normal(size=tokens)),
+    }
+
+    def loss(p, batch):
+        X, T = batch
+        scores = X @ p["G"] @ p["H"].T @ X.T / 3.0 + p["b"]
+        return jnp.mean((jax.nn.softmax(scores, axis=-1) - jax.nn.softmax(T, axis=-1)) ** 2) * 100
+
+    return params, loss, (X, T)
+
+
+def test_geodesic_sharpness_gl_h_invariant_adaptive_not():
+    params, loss, batches = attention_problem()
+    spec = mg.symmetry_spec(params, [(("G",), ("H",))])
+    A = random_invertible(rng(5), 3) * 3.0
+    moved = {**params, "G": params["G"] @ jnp.linalg.inv(A), "H": params["H"] @ A.T}
+    np.testing.assert_allclose(
+        loss(moved, (batches[0][0], batches[1][0])), loss(params, (batches[0][0], batches[1][0])), rtol=1e-10
+    )
+    g1 = mg.geodesic_sharpness(loss, params, batches, spec, 0.1, key=jax.random.PRNGKey(0))
+    g2 = mg.geodesic_sharpness(loss, moved, batches, spec, 0.1, key=jax.random.PRNGKey(0))
+    np.testing.assert_allclose(g2.per_batch, g1.per_batch, rtol=1e-7)
+    assert float(g1.sharpness) > 0
+    a1 = mg.adaptive_sharpness(loss, params, batches, 0.1, key=jax.random.PRNGKey(0)).sharpness
+    a2 = mg.adaptive_sharpness(loss, moved, batches, 0.1, key=jax.random.PRNGKey(0)).sharpness
+    assert abs(float(a2 - a1)) > 1e-2 * abs(float(a1))
+
+
+def test_geodesic_reduces_to_adaptive_without_pairs():
+    params, loss, batches = diagonal_net_problem(6)
+    spec = mg.symmetry_spec(params)  # no GL(h) pairs: every leaf is treated element-wise
+    g = mg.geodesic_sharpness(loss, params, batches, spec, 0.05, key=jax.random.PRNGKey(2))
+    a = mg.adaptive_sharpness(loss, params, batches, 0.05, key=jax.random.PRNGKey(2))
+    np.testing.assert_allclose(g.sharpness, a.sharpness, rtol=1e-10)
+
+
+def test_kendall_tau_against_definition():
+    r = rng(7)
+    x, y = r.normal(size=15), r.normal(size=15)
+    M = len(x)
+    manual = (
+        sum(np.sign(x[i] - x[j]) * np.sign(y[i] - y[j]) for i in range(M) for j in range(i + 1, M))
+        * 2
+        / (M * (M - 1))
+    )
+    np.testing.assert_allclose(mg.kendall_tau(x, y), manual, rtol=1e-12)
+    assert mg.kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+
+
+def test_sharpness_errors():
+    params, loss, batches = attention_problem()
+    with pytest.raises(mg.GeometryError, match=r"rho must be > 0"):
+        mg.adaptive_sharpness(loss, params, batches, 0.0, key=jax.random.PRNGKey(0))
+    with pytest.raises(mg.GeometryError, match=r"rho must be > 0"):
+        mg.geodesic_sharpness(
+            loss, params, batches, mg.symmetry_spec(params), -1.0, key=jax.random.PRNGKey(0)
+        )
+    with pytest.raises(mg.GeometryError, match=r"batches is empty"):
+        mg.adaptive_sharpness(loss, params, (), 0.1, key=jax.random.PRNGKey(0))
+    with pytest.raises(mg.GeometryError, match=r"common leading axis"):
+        mg.adaptive_sharpness(loss, params, (batches[0], batches[1][:1]), 0.1, key=jax.random.PRNGKey(0))
+    with pytest.raises(mg.GeometryError, match=r"no leaf at \('W_q',\).*Available leaves"):
+        mg.symmetry_spec(params, [(("W_q",), ("H",))])
+    with pytest.raises(mg.GeometryError, match=r"same h"):
+        mg.symmetry_spec(params, [(("G",), ("b",))])
+    with pytest.raises(mg.GeometryError, match=r"more than one"):
+        mg.symmetry_spec(params, [(("G",), ("H",)), (("H",), ("G",))])
+    with pytest.raises(mg.GeometryError, match=r"built for a pytree with"):
+        mg.geodesic_sharpness(
+            loss, params, batches, mg.symmetry_spec({"G": params["G"]}), 0.1, key=jax.random.PRNGKey(0)
+        )
+    with pytest.raises(mg.GeometryError, match=r"needs a SymmetrySpec"):
+        mg.geodesic_sharpness(loss, params, batches, None, 0.1, key=jax.random.PRNGKey(0))
+    with pytest.raises(mg.GeometryError, match=r"kind must be"):
+        mg.adaptive_sharpness(loss, params, batches, 0.1, key=jax.random.PRNGKey(0), kind="best")
+    with pytest.raises(mg.GeometryError, match=r"n_iter"):
+        mg.adaptive_sharpness(loss, params, batches, 0.1, key=jax.random.PRNGKey(0), n_iter=0)
+    with pytest.raises(mg.GeometryError, match=r"same length"):
+        mg.kendall_tau([1, 2], [1, 2, 3])
