@@ -45,7 +45,9 @@ Path = Sequence[Any]
 
 
 class SymmetrySpec(NamedTuple):
-    """Which leaves of a parameter pytree form GL(h) pairs ``(G, H)`` (used as ``G H^T``); all other leaves are treated element-wise (GL(1), adaptive).
+    """Which leaves of a parameter pytree form GL(h) pairs ``(G, H)`` (used as ``G H^T``), which form
+    element-wise GL(1) pairs ``(u, v)`` (used as ``u * v``, e.g. diagonal networks), and, implicitly,
+    that all other leaves are treated element-wise by the adaptive recipe.
 
     Build it with :func:`symmetry_spec`, which checks the paths and shapes.  ``pairs``
     holds leaf indices in ``jax.tree_util.tree_leaves`` order.
@@ -54,6 +56,7 @@ class SymmetrySpec(NamedTuple):
     pairs: tuple[tuple[int, int], ...]
     num_leaves: int
     eps: float
+    gl1_pairs: tuple[tuple[int, int], ...] = ()
 
 
 def _key_entry(k: Any) -> Any:
@@ -64,12 +67,18 @@ def _key_entry(k: Any) -> Any:
 
 
 def symmetry_spec(
-    params: PyTree, gl_pairs: Sequence[tuple[Path, Path]] = (), *, eps: float = 0.0
+    params: PyTree,
+    gl_pairs: Sequence[tuple[Path, Path]] = (),
+    *,
+    gl1_pairs: Sequence[tuple[Path, Path]] = (),
+    eps: float = 0.0,
 ) -> SymmetrySpec:
     r"""Name the GL(h) pairs of a parameter pytree by their paths, e.g. ``[(("attn", "W_q"), ("attn", "W_k"))]``.
 
     Each pair's arrays must have shapes ``(..., n, h)`` and ``(..., m, h)`` with equal
-    ``h`` and batch (head) dimensions.  ``eps`` is the relaxation of App. G.2.
+    ``h`` and batch (head) dimensions.  ``gl1_pairs`` name leaves ``(u, v)`` of equal shape
+    used through ``u * v``: they get the exact horizontal geodesics
+    :math:`(u e^{B}, v e^{B})` of paper 004, eq. (10).  ``eps`` is the relaxation of App. G.2.
 
     Raises
     ------
@@ -91,24 +100,22 @@ def symmetry_spec(
     index = {tuple(_key_entry(k) for k in path): i for i, (path, _) in enumerate(with_path)}
     leaves = [leaf for _, leaf in with_path]
     used: set[int] = set()
+
+    def lookup(path: Path) -> int:
+        key = tuple(path) if isinstance(path, (tuple, list)) else (path,)
+        if key not in index:
+            raise GeometryError(
+                f"symmetry_spec: the parameter pytree has no leaf at {key}. Available leaves: {sorted(index, key=str)}."
+            )
+        i = index[key]
+        if i in used:
+            raise GeometryError(f"symmetry_spec: leaf {key} appears in more than one pair.")
+        used.add(i)
+        return i
+
     pairs = []
     for g_path, h_path in gl_pairs:
-        ids = []
-        for path in (g_path, h_path):
-            key = tuple(path) if isinstance(path, (tuple, list)) else (path,)
-            if key not in index:
-                raise GeometryError(
-                    f"symmetry_spec: the parameter pytree has no leaf at {key}. Available leaves: "
-                    f"{sorted(index, key=str)}."
-                )
-            ids.append(index[key])
-        gi, hi = ids
-        for i in ids:
-            if i in used:
-                raise GeometryError(
-                    f"symmetry_spec: leaf {list(index)[i]} appears in more than one GL(h) pair."
-                )
-            used.add(i)
+        gi, hi = lookup(g_path), lookup(h_path)
         G, H = leaves[gi], leaves[hi]
         if jnp.ndim(G) < 2 or jnp.ndim(H) < 2 or G.shape[-1] != H.shape[-1] or G.shape[:-2] != H.shape[:-2]:
             raise GeometryError(
@@ -116,7 +123,16 @@ def symmetry_spec(
                 "matrices (..., n, h) and (..., m, h) with the same h and head dimensions (used as G H^T)."
             )
         pairs.append((gi, hi))
-    return SymmetrySpec(tuple(pairs), len(leaves), float(eps))
+    gl1 = []
+    for u_path, v_path in gl1_pairs:
+        ui, vi = lookup(u_path), lookup(v_path)
+        if jnp.shape(leaves[ui]) != jnp.shape(leaves[vi]):
+            raise GeometryError(
+                f"symmetry_spec: the GL(1) pair {tuple(u_path)} {jnp.shape(leaves[ui])} / {tuple(v_path)} "
+                f"{jnp.shape(leaves[vi])} must have equal shapes (used element-wise as u * v)."
+            )
+        gl1.append((ui, vi))
+    return SymmetrySpec(tuple(pairs), len(leaves), float(eps), tuple(gl1))
 
 
 class SharpnessResult(NamedTuple):
@@ -133,18 +149,21 @@ class SharpnessResult(NamedTuple):
 class _Geometry:
     """Norms, perturbed points and Riemannian gradients for a perturbation ``xi`` at weights ``w``.
 
-    GL(h) pairs carry their tangent vector directly; every other leaf is parametrized
-    as ``xi = |w| * z`` so that its adaptive norm is ``|z|``.
+    GL(h) pairs carry their tangent vector directly; a GL(1) pair ``(u, v)`` carries the
+    common log-rate ``B`` of its horizontal velocities (``xi_u = u B``, ``xi_v = v B``) in the
+    ``u`` slot (the ``v`` slot stays zero); every other leaf is parametrized as
+    ``xi = |w| * z`` so that its adaptive norm is ``|z|``.
     """
 
     def __init__(self, spec: SymmetrySpec | None, geodesic: bool):
         self.pairs = spec.pairs if spec is not None else ()
+        self.gl1 = spec.gl1_pairs if spec is not None else ()
         self.eps = spec.eps if spec is not None else 0.0
         self.geodesic = geodesic
-        self.paired = {i for p in self.pairs for i in p}
+        self.paired = {i for p in self.pairs + self.gl1 for i in p}
 
     def _key(self) -> tuple:
-        return (self.pairs, self.eps, self.geodesic)
+        return (self.pairs, self.gl1, self.eps, self.geodesic)
 
     def __hash__(self) -> int:  # a static argument of the compiled loop: equal geometries share a compilation
         return hash(self._key())
@@ -156,6 +175,8 @@ class _Geometry:
         total = sum((jnp.sum(x[i] ** 2) for i in range(len(x)) if i not in self.paired), jnp.zeros(()))
         for gi, hi in self.pairs:
             total = total + gl_metric((w[gi], w[hi]), (x[gi], x[hi]), (x[gi], x[hi]), eps=self.eps)
+        for ui, _ in self.gl1:
+            total = total + 2.0 * jnp.sum(x[ui] ** 2)  # |(u B, v B)|^2 = sum B^2 + B^2
         return total
 
     def perturb(self, w: list, x: list) -> list:
@@ -167,6 +188,8 @@ class _Geometry:
                 out[gi], out[hi] = w[gi] + x[gi] - 0.5 * cG, w[hi] + x[hi] - 0.5 * cH
             else:
                 out[gi], out[hi] = w[gi] + x[gi], w[hi] + x[hi]
+        for ui, vi in self.gl1:  # exact horizontal geodesic, paper 004 eq. (10)
+            out[ui], out[vi] = w[ui] * jnp.exp(x[ui]), w[vi] * jnp.exp(x[ui])
         return out
 
     def riemannian(self, w: list, g: list) -> list:
@@ -177,6 +200,8 @@ class _Geometry:
             P = jnp.swapaxes(G, -1, -2) @ G + self.eps * h_eye
             Q = jnp.swapaxes(H, -1, -2) @ H + self.eps * h_eye
             out[gi], out[hi] = horizontal_projection((G, H), (g[gi] @ P, g[hi] @ Q), eps=self.eps)
+        for ui, vi in self.gl1:  # the metric in B-coordinates is 2 I
+            out[ui], out[vi] = 0.5 * g[ui], jnp.zeros_like(g[vi])
         return out
 
     def project_horizontal(self, w: list, x: list) -> list:
@@ -239,6 +264,8 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
         G, H = w[gi], w[hi]
         R = jax.random.normal(keys[gi], G.shape[:-1] + (H.shape[-2],), dtype=G.dtype)
         x0[gi], x0[hi] = R @ H, jnp.swapaxes(R, -1, -2) @ G
+    for ui, vi in geometry.gl1:
+        x0[vi] = jnp.zeros_like(x0[vi])
     x0 = geometry.riemannian(w, x0) if geometry.pairs else x0
     x0 = [0.5 * rho * xi / norm(x0) for xi in x0]
     f0 = objective(x0)

@@ -163,3 +163,32 @@ def test_sharpness_errors():
         mg.adaptive_sharpness(loss, params, batches, 0.1, key=jax.random.PRNGKey(0), n_iter=0)
     with pytest.raises(mg.GeometryError, match=r"same length"):
         mg.kendall_tau([1, 2], [1, 2, 3])
+
+
+def test_gl1_geodesic_sharpness_scalar_toy_closed_form():
+    """Paper 004, App. D: for L = (u v - beta*)^2 the horizontal geodesics are (u e^B, v e^B) with
+    |xi|^2 = 2 B^2, so the worst case over the geodesic ball is attained at B = +-rho / sqrt(2)."""
+    beta_star = 1.5
+    loss = lambda p, b: (p["u"][0] * p["v"][0] - b) ** 2
+    rho = 0.2
+    for u0, v0 in [(0.5, 2.0), (4.0, 0.25), (1.2, 1.1)]:
+        params = {"u": jnp.array([u0]), "v": jnp.array([v0])}
+        spec = mg.symmetry_spec(params, gl1_pairs=[(("u",), ("v",))])
+        res = mg.geodesic_sharpness(
+            loss, params, jnp.array([beta_star]), spec, rho, key=jax.random.PRNGKey(0), n_iter=30
+        )
+        b0 = u0 * v0
+        exact = (
+            max((b0 * np.exp(2 * s * rho / np.sqrt(2)) - beta_star) ** 2 for s in (-1, 1))
+            - (b0 - beta_star) ** 2
+        )
+        np.testing.assert_allclose(res.sharpness, exact, rtol=1e-6)
+    # the same function (u v = 1.2 * 1.1 rescaled) gives the same geodesic sharpness on the whole orbit
+    a = 7.0
+    moved = {"u": jnp.array([1.2 * a]), "v": jnp.array([1.1 / a])}
+    res2 = mg.geodesic_sharpness(
+        loss, moved, jnp.array([beta_star]), spec, rho, key=jax.random.PRNGKey(0), n_iter=30
+    )
+    np.testing.assert_allclose(res2.sharpness, res.sharpness, rtol=1e-9)
+    with pytest.raises(mg.GeometryError, match=r"equal shapes"):
+        mg.symmetry_spec({"u": jnp.ones(2), "v": jnp.ones(3)}, gl1_pairs=[(("u",), ("v",))])
