@@ -324,14 +324,32 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
     return s["best_f"] - base, perturbation
 
 
+@functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum"))
+def _auto_pgd_batches(loss_fn, geometry, params, batches, rho, keys, n_iter: int, momentum: float):
+    return jax.lax.map(lambda kb: _auto_pgd(loss_fn, geometry, params, kb[1], rho, kb[0], n_iter, momentum), (keys, batches))
+
+
 def _over_batches(loss_fn, geometry, params, batches, rho, key, n_iter, momentum) -> SharpnessResult:
     n = _check_common(rho, batches, n_iter)
-    keys = jax.random.split(key, n)
-    values, perts = jax.lax.map(
-        lambda kb: _auto_pgd(loss_fn, geometry, params, kb[1], float(rho), kb[0], n_iter, momentum),
-        (keys, batches),
-    )
+    values, perts = _auto_pgd_batches(loss_fn, geometry, params, batches, float(rho), jax.random.split(key, n), n_iter, momentum)
     return SharpnessResult(jnp.mean(values), values, perts)
+
+
+@functools.partial(jax.jit, static_argnames=("loss_fn", "n_samples"))
+def _average_case(loss_fn, params, batches, rho, keys, n_samples: int):
+    w, treedef = jax.tree_util.tree_flatten(params)
+
+    def one_batch(kb):
+        k, batch = kb
+
+        def sample(kk):
+            ks = jax.random.split(kk, len(w))
+            pert = [wi + jnp.abs(wi) * rho * jax.random.normal(ki, jnp.shape(wi), jnp.result_type(wi)) for ki, wi in zip(ks, w)]
+            return loss_fn(jax.tree_util.tree_unflatten(treedef, pert), batch)
+
+        return jnp.mean(jax.lax.map(sample, jax.random.split(k, n_samples))) - loss_fn(params, batch)
+
+    return jax.lax.map(one_batch, (keys, batches))
 
 
 def adaptive_sharpness(
@@ -384,21 +402,7 @@ def adaptive_sharpness(
     if not (isinstance(n_samples, int) and n_samples >= 1):
         raise GeometryError(f"adaptive_sharpness: n_samples must be a positive int, got {n_samples!r}.")
 
-    def one_batch(kb):
-        k, batch = kb
-        w, treedef = jax.tree_util.tree_flatten(params)
-
-        def sample(kk):
-            ks = jax.random.split(kk, len(w))
-            pert = [
-                wi + jnp.abs(wi) * rho * jax.random.normal(ki, jnp.shape(wi), jnp.result_type(wi))
-                for ki, wi in zip(ks, w)
-            ]
-            return loss_fn(jax.tree_util.tree_unflatten(treedef, pert), batch)
-
-        return jnp.mean(jax.lax.map(sample, jax.random.split(k, n_samples))) - loss_fn(params, batch)
-
-    values = jax.jit(lambda ks, bs: jax.lax.map(one_batch, (ks, bs)))(jax.random.split(key, n), batches)
+    values = _average_case(loss_fn, params, batches, float(rho), jax.random.split(key, n), n_samples)
     zeros = jax.tree_util.tree_map(lambda x: jnp.zeros((n,) + jnp.shape(x), jnp.result_type(x)), params)
     return SharpnessResult(jnp.mean(values), values, zeros)
 
