@@ -178,3 +178,80 @@ def tiny_vit(
         return layer_norm(x[:, 0], p["ln"]) @ p["head"]["W"] + p["head"]["b"]
 
     return params, model, labels
+
+
+def tiny_vit_heads(
+    key: jax.Array,
+    batch: int = 128,
+    image: int = 8,
+    patch: int = 2,
+    width: int = 64,
+    heads: int = 4,
+    depth: int = 2,
+    classes: int = 10,
+):
+    """The tiny ViT with per-head attention weights, so that (W_Q, W_K) and (W_V, W_O) of every head are
+    GL(h) pairs of leaves of shape (heads, width, width // heads).  Returns (params, loss_fn, batch, gl_pairs)."""
+    dh = width // heads
+    n_patches = (image // patch) ** 2
+    keys = iter(jax.random.split(key, 8 + 8 * depth))
+    s = 1 / jnp.sqrt(width)
+    params = {
+        "patch": {"W": jax.random.normal(next(keys), (patch * patch, width)) / patch, "b": jnp.zeros(width)},
+        "cls": 0.02 * jax.random.normal(next(keys), (1, 1, width)),
+        "pos": 0.02 * jax.random.normal(next(keys), (1, n_patches + 1, width)),
+        "blocks": [
+            {
+                "ln1": {"g": jnp.ones(width), "b": jnp.zeros(width)},
+                "q": s * jax.random.normal(next(keys), (heads, width, dh)),
+                "k": s * jax.random.normal(next(keys), (heads, width, dh)),
+                "v": s * jax.random.normal(next(keys), (heads, width, dh)),
+                "o": s * jax.random.normal(next(keys), (heads, width, dh)),
+                "ln2": {"g": jnp.ones(width), "b": jnp.zeros(width)},
+                "fc1": {
+                    "W": s * jax.random.normal(next(keys), (width, 2 * width)),
+                    "b": jnp.zeros(2 * width),
+                },
+                "fc2": {
+                    "W": s * jax.random.normal(next(keys), (2 * width, width)) / 2,
+                    "b": jnp.zeros(width),
+                },
+            }
+            for _ in range(depth)
+        ],
+        "ln": {"g": jnp.ones(width), "b": jnp.zeros(width)},
+        "head": {"W": s * jax.random.normal(next(keys), (width, classes)), "b": jnp.zeros(classes)},
+    }
+    images = jax.random.normal(next(keys), (batch, image, image))
+    labels = jax.random.randint(next(keys), (batch,), 0, classes)
+    patches = images.reshape(batch, image // patch, patch, image // patch, patch).transpose(0, 1, 3, 2, 4)
+    patches = patches.reshape(batch, n_patches, patch * patch)
+
+    def layer_norm(x, p):
+        mu = jnp.mean(x, -1, keepdims=True)
+        return (x - mu) / jnp.sqrt(jnp.var(x, -1, keepdims=True) + 1e-6) * p["g"] + p["b"]
+
+    def loss(p, data):
+        patches, labels = data
+        x = patches @ p["patch"]["W"] + p["patch"]["b"]
+        x = jnp.concatenate([jnp.broadcast_to(p["cls"], (x.shape[0], 1, width)), x], axis=1) + p["pos"]
+        for blk in p["blocks"]:
+            h = layer_norm(x, blk["ln1"])
+            q = jnp.einsum("btd,hde->bhte", h, blk["q"])
+            k = jnp.einsum("btd,hde->bhte", h, blk["k"])
+            v = jnp.einsum("btd,hde->bhte", h, blk["v"])
+            att = jax.nn.softmax(q @ jnp.swapaxes(k, -1, -2) / jnp.sqrt(dh), axis=-1)
+            x = x + jnp.einsum("bhte,hde->btd", att @ v, blk["o"])
+            h = layer_norm(x, blk["ln2"])
+            x = (
+                x
+                + jax.nn.gelu(h @ blk["fc1"]["W"] + blk["fc1"]["b"], approximate=False) @ blk["fc2"]["W"]
+                + blk["fc2"]["b"]
+            )
+        logits = layer_norm(x[:, 0], p["ln"]) @ p["head"]["W"] + p["head"]["b"]
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1))
+
+    pairs = []
+    for i in range(depth):
+        pairs += [(("blocks", i, "q"), ("blocks", i, "k")), (("blocks", i, "v"), ("blocks", i, "o"))]
+    return params, loss, (patches, labels), pairs

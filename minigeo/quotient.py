@@ -32,7 +32,7 @@ All functions accept leading batch dimensions (e.g. one pair per attention head)
 
 from __future__ import annotations
 
-from typing import Tuple
+from typing import NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -102,6 +102,58 @@ def _grams(G: jax.Array, H: jax.Array, eps: float) -> tuple[jax.Array, jax.Array
     return P, Q
 
 
+class PairFactors(NamedTuple):
+    """Quantities of metric (15) at a point that do not depend on the tangent vectors (computed once, reused)."""
+
+    G: jax.Array
+    H: jax.Array
+    P: jax.Array
+    Q: jax.Array
+    P_inv: jax.Array
+    Q_inv: jax.Array
+    V: jax.Array  # PQ = V diag(d) V^{-1}
+    V_inv: jax.Array
+    d: jax.Array
+
+
+def pair_factors(G: jax.Array, H: jax.Array, eps: float = 0.0) -> PairFactors:
+    """Factorize metric (15) at (G, H): Gram matrices, their inverses, and the eigendecomposition of PQ."""
+    P, Q = _grams(G, H, eps)
+    w, U = jnp.linalg.eigh(P)
+    sqrt_w = jnp.sqrt(w)
+    P_half = (U * sqrt_w[..., None, :]) @ _mT(U)
+    P_mhalf = (U / sqrt_w[..., None, :]) @ _mT(U)
+    d, V0 = jnp.linalg.eigh(P_half @ Q @ P_half)
+    P_inv = (U / w[..., None, :]) @ _mT(U)
+    Q_inv = jnp.linalg.inv(Q)
+    return PairFactors(G, H, P, Q, P_inv, Q_inv, P_half @ V0, _mT(V0) @ P_mhalf, d)
+
+
+def metric_with(f: PairFactors, eta: Pair, zeta: Pair) -> jax.Array:
+    """Metric (15) from precomputed factors."""
+    a = jnp.trace(f.P_inv @ (_mT(eta[0]) @ zeta[0]), axis1=-2, axis2=-1)
+    b = jnp.trace(f.Q_inv @ (_mT(eta[1]) @ zeta[1]), axis1=-2, axis2=-1)
+    return jnp.sum(a + b)
+
+
+def horizontal_with(f: PairFactors, xi: Pair) -> Pair:
+    """Horizontal projection from precomputed factors: solve (PQ) X + X (PQ) = P H^T xi_H - xi_G^T G Q."""
+    xG, xH = xi
+    B = f.P @ _mT(f.H) @ xH - _mT(xG) @ f.G @ f.Q
+    C = f.V_inv @ B @ f.V
+    X = f.V @ (C / (f.d[..., :, None] + f.d[..., None, :])) @ f.V_inv
+    return xG + f.G @ _mT(X), xH - f.H @ X
+
+
+def christoffel_with(f: PairFactors, xi: Pair) -> Pair:
+    """Gamma(xi, xi) of eq. (43) from precomputed factors."""
+
+    def part(M, S_inv, x):
+        return -x @ (S_inv @ (_mT(x) @ M + _mT(M) @ x)) + M @ (S_inv @ (_mT(x) @ x))
+
+    return part(f.G, f.P_inv, xi[0]), part(f.H, f.Q_inv, xi[1])
+
+
 def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str = "inv") -> jax.Array:
     r"""The GL(h)-invariant metric of paper 004: eq. (15) (``kind="inv"``) or the "mix" metric (34).
 
@@ -120,11 +172,10 @@ def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str
     G, H = _check_pair(point)
     eG, eH = _check_like(point, eta, "eta")
     zG, zH = _check_like(point, zeta, "zeta")
-    P, Q = _grams(G, H, eps)
     if kind == "inv":
-        a = jnp.trace(jnp.linalg.solve(P, _mT(eG) @ zG), axis1=-2, axis2=-1)
-        b = jnp.trace(jnp.linalg.solve(Q, _mT(eH) @ zH), axis1=-2, axis2=-1)
-    elif kind == "mix":
+        return metric_with(pair_factors(G, H, eps), (eG, eH), (zG, zH))
+    P, Q = _grams(G, H, eps)
+    if kind == "mix":
         a = jnp.trace(Q @ (_mT(eG) @ zG), axis1=-2, axis2=-1)
         b = jnp.trace(P @ (_mT(eH) @ zH), axis1=-2, axis2=-1)
     else:
@@ -155,20 +206,6 @@ def vertical_vector(point: Pair, omega: jax.Array) -> Pair:
     return -G @ omega, H @ _mT(omega)
 
 
-def _solve_sylvester_pq(P: jax.Array, Q: jax.Array, B: jax.Array) -> jax.Array:
-    """Solve (PQ) X + X (PQ) = B for SPD P, Q through one symmetric eigendecomposition (batched)."""
-    w, U = jnp.linalg.eigh(P)
-    sqrt_w = jnp.sqrt(w)
-    P_half = (U * sqrt_w[..., None, :]) @ _mT(U)
-    P_mhalf = (U / sqrt_w[..., None, :]) @ _mT(U)
-    d, V0 = jnp.linalg.eigh(P_half @ Q @ P_half)
-    V = P_half @ V0  # A = V diag(d) V^{-1}
-    V_inv = _mT(V0) @ P_mhalf
-    C = V_inv @ B @ V
-    Y = C / (d[..., :, None] + d[..., None, :])
-    return V @ Y @ V_inv
-
-
 def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     r"""The metric-orthogonal projection of a tangent vector onto the horizontal space (metric (15)).
 
@@ -188,11 +225,7 @@ def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     """
     G, H = _check_pair(point)
     xG, xH = _check_like(point, xi, "xi")
-    P, Q = _grams(G, H, eps)
-    B = P @ _mT(H) @ xH - _mT(xG) @ G @ Q
-    X = _solve_sylvester_pq(P, Q, B)
-    Lam = _mT(X)
-    out = (xG + G @ Lam, xH - H @ X)
+    out = horizontal_with(pair_factors(G, H, eps), (xG, xH))
     check_finite(out, "horizontal_projection", hint="The pair is (nearly) rank deficient: use eps > 0.")
     return out
 
@@ -233,12 +266,7 @@ def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     """
     G, H = _check_pair(point)
     xG, xH = _check_like(point, xi, "xi")
-    P, Q = _grams(G, H, eps)
-
-    def part(M, S, x):
-        return -x @ jnp.linalg.solve(S, _mT(x) @ M + _mT(M) @ x) + M @ jnp.linalg.solve(S, _mT(x) @ x)
-
-    return part(G, P, xG), part(H, Q, xH)
+    return christoffel_with(pair_factors(G, H, eps), (xG, xH))
 
 
 def geodesic_step(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from ._checks import GeometryError
 from ._tree import PyTree
-from .quotient import christoffel_quadratic, gl_metric, horizontal_projection
+from .quotient import christoffel_with, horizontal_with, metric_with, pair_factors
 
 __all__ = [
     "SymmetrySpec",
@@ -171,20 +171,23 @@ class _Geometry:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Geometry) and self._key() == other._key()
 
-    def norm_sq(self, w: list, x: list) -> jax.Array:
+    def factors(self, w: list) -> list:
+        """Per-pair factorizations of metric (15) at the base point (constant during the search)."""
+        return [pair_factors(w[gi], w[hi], self.eps) for gi, hi in self.pairs]
+
+    def norm_sq(self, w: list, fac: list, x: list) -> jax.Array:
         total = sum((jnp.sum(x[i] ** 2) for i in range(len(x)) if i not in self.paired), jnp.zeros(()))
-        for gi, hi in self.pairs:
-            total = total + gl_metric((w[gi], w[hi]), (x[gi], x[hi]), (x[gi], x[hi]), eps=self.eps)
+        for (gi, hi), f in zip(self.pairs, fac):
+            total = total + metric_with(f, (x[gi], x[hi]), (x[gi], x[hi]))
         for ui, _ in self.gl1:
             total = total + 2.0 * jnp.sum(x[ui] ** 2)  # |(u B, v B)|^2 = sum B^2 + B^2
         return total
 
-    def perturb(self, w: list, x: list) -> list:
+    def perturb(self, w: list, fac: list, x: list) -> list:
         out = [w[i] + jnp.abs(w[i]) * x[i] if i not in self.paired else None for i in range(len(w))]
-        for gi, hi in self.pairs:
-            point, xi = (w[gi], w[hi]), (x[gi], x[hi])
+        for (gi, hi), f in zip(self.pairs, fac):
             if self.geodesic:
-                cG, cH = christoffel_quadratic(point, xi, eps=self.eps)
+                cG, cH = christoffel_with(f, (x[gi], x[hi]))
                 out[gi], out[hi] = w[gi] + x[gi] - 0.5 * cG, w[hi] + x[hi] - 0.5 * cH
             else:
                 out[gi], out[hi] = w[gi] + x[gi], w[hi] + x[hi]
@@ -192,22 +195,18 @@ class _Geometry:
             out[ui], out[vi] = w[ui] * jnp.exp(x[ui]), w[vi] * jnp.exp(x[ui])
         return out
 
-    def riemannian(self, w: list, g: list) -> list:
+    def riemannian(self, fac: list, g: list) -> list:
         out = list(g)  # z-coordinates of non-pair leaves are Euclidean
-        for gi, hi in self.pairs:
-            G, H = w[gi], w[hi]
-            h_eye = jnp.eye(G.shape[-1], dtype=G.dtype)
-            P = jnp.swapaxes(G, -1, -2) @ G + self.eps * h_eye
-            Q = jnp.swapaxes(H, -1, -2) @ H + self.eps * h_eye
-            out[gi], out[hi] = horizontal_projection((G, H), (g[gi] @ P, g[hi] @ Q), eps=self.eps)
+        for (gi, hi), f in zip(self.pairs, fac):
+            out[gi], out[hi] = horizontal_with(f, (g[gi] @ f.P, g[hi] @ f.Q))
         for ui, vi in self.gl1:  # the metric in B-coordinates is 2 I
             out[ui], out[vi] = 0.5 * g[ui], jnp.zeros_like(g[vi])
         return out
 
-    def project_horizontal(self, w: list, x: list) -> list:
+    def project_horizontal(self, fac: list, x: list) -> list:
         out = list(x)
-        for gi, hi in self.pairs:
-            out[gi], out[hi] = horizontal_projection((w[gi], w[hi]), (x[gi], x[hi]), eps=self.eps)
+        for (gi, hi), f in zip(self.pairs, fac):
+            out[gi], out[hi] = horizontal_with(f, (x[gi], x[hi]))
         return out
 
 
@@ -240,12 +239,13 @@ def _check_common(rho: float, batches: PyTree, n_iter: int) -> int:
 @functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum"))
 def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum: float):
     w, treedef = jax.tree_util.tree_flatten(params)
-    objective = lambda x: loss_fn(jax.tree_util.tree_unflatten(treedef, geometry.perturb(w, x)), batch)
+    fac = geometry.factors(w)
+    objective = lambda x: loss_fn(jax.tree_util.tree_unflatten(treedef, geometry.perturb(w, fac, x)), batch)
     value_and_grad = jax.value_and_grad(objective)
     base = loss_fn(params, batch)
 
     def norm(x):
-        return jnp.sqrt(jnp.maximum(geometry.norm_sq(w, x), 1e-300))
+        return jnp.sqrt(jnp.maximum(geometry.norm_sq(w, fac, x), 1e-300))
 
     def project(x):
         scale = jnp.minimum(1.0, rho / norm(x))
@@ -253,7 +253,7 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
 
     def ascent_step(x, eta):
         _, g = value_and_grad(x)
-        rg = geometry.riemannian(w, g)
+        rg = geometry.riemannian(fac, g)
         return [xi + eta * d / norm(rg) for xi, d in zip(x, rg)]
 
     # equivariant random start of norm rho / 2: random z for GL(1) leaves, and for each GL(h)
@@ -266,7 +266,7 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
         x0[gi], x0[hi] = R @ H, jnp.swapaxes(R, -1, -2) @ G
     for ui, vi in geometry.gl1:
         x0[vi] = jnp.zeros_like(x0[vi])
-    x0 = geometry.riemannian(w, x0) if geometry.pairs else x0
+    x0 = geometry.riemannian(fac, x0) if geometry.pairs else x0
     x0 = [0.5 * rho * xi / norm(x0) for xi in x0]
     f0 = objective(x0)
 
@@ -292,7 +292,7 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
             for xi, zi, pi in zip(s["x"], z, s["x_prev"])
         ]
         x_new = jax.lax.cond(k == 0, lambda: z, lambda: project(combined))
-        x_new = geometry.project_horizontal(w, x_new)
+        x_new = geometry.project_horizontal(fac, x_new)
         f_new = objective(x_new)
         succ = s["succ"] + (f_new > s["f"]).astype(jnp.int32)
         better = f_new > s["best_f"]
@@ -319,19 +319,23 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
         )
 
     s = jax.lax.fori_loop(0, n_iter, body, state)
-    delta = geometry.perturb(w, s["best_x"])
+    delta = geometry.perturb(w, fac, s["best_x"])
     perturbation = jax.tree_util.tree_unflatten(treedef, [d - wi for d, wi in zip(delta, w)])
     return s["best_f"] - base, perturbation
 
 
 @functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum"))
 def _auto_pgd_batches(loss_fn, geometry, params, batches, rho, keys, n_iter: int, momentum: float):
-    return jax.lax.map(lambda kb: _auto_pgd(loss_fn, geometry, params, kb[1], rho, kb[0], n_iter, momentum), (keys, batches))
+    return jax.lax.map(
+        lambda kb: _auto_pgd(loss_fn, geometry, params, kb[1], rho, kb[0], n_iter, momentum), (keys, batches)
+    )
 
 
 def _over_batches(loss_fn, geometry, params, batches, rho, key, n_iter, momentum) -> SharpnessResult:
     n = _check_common(rho, batches, n_iter)
-    values, perts = _auto_pgd_batches(loss_fn, geometry, params, batches, float(rho), jax.random.split(key, n), n_iter, momentum)
+    values, perts = _auto_pgd_batches(
+        loss_fn, geometry, params, batches, float(rho), jax.random.split(key, n), n_iter, momentum
+    )
     return SharpnessResult(jnp.mean(values), values, perts)
 
 
@@ -344,7 +348,10 @@ def _average_case(loss_fn, params, batches, rho, keys, n_samples: int):
 
         def sample(kk):
             ks = jax.random.split(kk, len(w))
-            pert = [wi + jnp.abs(wi) * rho * jax.random.normal(ki, jnp.shape(wi), jnp.result_type(wi)) for ki, wi in zip(ks, w)]
+            pert = [
+                wi + jnp.abs(wi) * rho * jax.random.normal(ki, jnp.shape(wi), jnp.result_type(wi))
+                for ki, wi in zip(ks, w)
+            ]
             return loss_fn(jax.tree_util.tree_unflatten(treedef, pert), batch)
 
         return jnp.mean(jax.lax.map(sample, jax.random.split(k, n_samples))) - loss_fn(params, batch)
