@@ -6,8 +6,11 @@ warmed up, then timed ``repeats`` times; the median is reported.
 
 from __future__ import annotations
 
+import json
 import platform
 import statistics
+import subprocess
+import sys
 import time
 from typing import Callable
 
@@ -104,82 +107,6 @@ def n_params(params) -> int:
     return sum(x.size for x in jax.tree_util.tree_leaves(params))
 
 
-def tiny_vit(
-    key: jax.Array,
-    batch: int = 128,
-    image: int = 8,
-    patch: int = 2,
-    width: int = 64,
-    heads: int = 4,
-    depth: int = 2,
-    classes: int = 10,
-):
-    """A tiny vision transformer (8x8 single-channel images, patch 2, class token, pre-LN blocks)."""
-    n_patches = (image // patch) ** 2
-    keys = iter(jax.random.split(key, 8 + 8 * depth))
-    s = 1 / jnp.sqrt(width)
-    params = {
-        "patch": {"W": jax.random.normal(next(keys), (patch * patch, width)) / patch, "b": jnp.zeros(width)},
-        "cls": 0.02 * jax.random.normal(next(keys), (1, 1, width)),
-        "pos": 0.02 * jax.random.normal(next(keys), (1, n_patches + 1, width)),
-        "blocks": [
-            {
-                "ln1": {"g": jnp.ones(width), "b": jnp.zeros(width)},
-                "qkv": {
-                    "W": s * jax.random.normal(next(keys), (width, 3 * width)),
-                    "b": jnp.zeros(3 * width),
-                },
-                "proj": {"W": s * jax.random.normal(next(keys), (width, width)), "b": jnp.zeros(width)},
-                "ln2": {"g": jnp.ones(width), "b": jnp.zeros(width)},
-                "fc1": {
-                    "W": s * jax.random.normal(next(keys), (width, 2 * width)),
-                    "b": jnp.zeros(2 * width),
-                },
-                "fc2": {
-                    "W": s * jax.random.normal(next(keys), (2 * width, width)) / 2,
-                    "b": jnp.zeros(width),
-                },
-            }
-            for _ in range(depth)
-        ],
-        "ln": {"g": jnp.ones(width), "b": jnp.zeros(width)},
-        "head": {"W": s * jax.random.normal(next(keys), (width, classes)), "b": jnp.zeros(classes)},
-    }
-    images = jax.random.normal(next(keys), (batch, image, image))
-    labels = jax.random.randint(next(keys), (batch,), 0, classes)
-    patches = images.reshape(batch, image // patch, patch, image // patch, patch).transpose(0, 1, 3, 2, 4)
-    patches = patches.reshape(batch, n_patches, patch * patch)
-
-    def layer_norm(x, p):
-        mu = jnp.mean(x, -1, keepdims=True)
-        return (x - mu) / jnp.sqrt(jnp.var(x, -1, keepdims=True) + 1e-6) * p["g"] + p["b"]
-
-    def model(p):
-        x = patches @ p["patch"]["W"] + p["patch"]["b"]
-        x = jnp.concatenate([jnp.broadcast_to(p["cls"], (batch, 1, width)), x], axis=1) + p["pos"]
-        t = x.shape[1]
-        for blk in p["blocks"]:
-            h = layer_norm(x, blk["ln1"])
-            q, k, v = jnp.split(h @ blk["qkv"]["W"] + blk["qkv"]["b"], 3, axis=-1)
-            split = lambda a: a.reshape(batch, t, heads, width // heads).transpose(0, 2, 1, 3)
-            q, k, v = split(q), split(k), split(v)
-            att = jax.nn.softmax(q @ k.transpose(0, 1, 3, 2) / jnp.sqrt(width // heads), axis=-1)
-            x = (
-                x
-                + (att @ v).transpose(0, 2, 1, 3).reshape(batch, t, width) @ blk["proj"]["W"]
-                + blk["proj"]["b"]
-            )
-            h = layer_norm(x, blk["ln2"])
-            x = (
-                x
-                + jax.nn.gelu(h @ blk["fc1"]["W"] + blk["fc1"]["b"], approximate=False) @ blk["fc2"]["W"]
-                + blk["fc2"]["b"]
-            )
-        return layer_norm(x[:, 0], p["ln"]) @ p["head"]["W"] + p["head"]["b"]
-
-    return params, model, labels
-
-
 def tiny_vit_heads(
     key: jax.Array,
     batch: int = 128,
@@ -190,8 +117,12 @@ def tiny_vit_heads(
     depth: int = 2,
     classes: int = 10,
 ):
-    """The tiny ViT with per-head attention weights, so that (W_Q, W_K) and (W_V, W_O) of every head are
-    GL(h) pairs of leaves of shape (heads, width, width // heads).  Returns (params, loss_fn, batch, gl_pairs)."""
+    """A tiny vision transformer (8x8 single-channel images, patch 2, class token, pre-LN blocks, exact-erf GELU)
+    with per-head attention weights, so that (W_Q, W_K) and (W_V, W_O) of every head are GL(h) pairs of leaves
+    of shape (heads, width, width // heads).
+
+    Returns (params, logits_fn(params, patches), loss_fn(params, (patches, labels)), (patches, labels), gl_pairs).
+    """
     dh = width // heads
     n_patches = (image // patch) ** 2
     keys = iter(jax.random.split(key, 8 + 8 * depth))
@@ -231,8 +162,7 @@ def tiny_vit_heads(
         mu = jnp.mean(x, -1, keepdims=True)
         return (x - mu) / jnp.sqrt(jnp.var(x, -1, keepdims=True) + 1e-6) * p["g"] + p["b"]
 
-    def loss(p, data):
-        patches, labels = data
+    def logits_fn(p, patches):
         x = patches @ p["patch"]["W"] + p["patch"]["b"]
         x = jnp.concatenate([jnp.broadcast_to(p["cls"], (x.shape[0], 1, width)), x], axis=1) + p["pos"]
         for blk in p["blocks"]:
@@ -248,10 +178,34 @@ def tiny_vit_heads(
                 + jax.nn.gelu(h @ blk["fc1"]["W"] + blk["fc1"]["b"], approximate=False) @ blk["fc2"]["W"]
                 + blk["fc2"]["b"]
             )
-        logits = layer_norm(x[:, 0], p["ln"]) @ p["head"]["W"] + p["head"]["b"]
-        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(logits), labels[:, None], axis=-1))
+        return layer_norm(x[:, 0], p["ln"]) @ p["head"]["W"] + p["head"]["b"]
+
+    def loss(p, data):
+        patches, labels = data
+        return cross_entropy(labels)(logits_fn(p, patches))
 
     pairs = []
     for i in range(depth):
         pairs += [(("blocks", i, "q"), ("blocks", i, "k")), (("blocks", i, "v"), ("blocks", i, "o"))]
-    return params, loss, (patches, labels), pairs
+    return params, logits_fn, loss, (patches, labels), pairs
+
+
+def run_in_processes(script: str, args: list[str], processes: int) -> list[dict]:
+    """Run ``script --child ARGS`` in fresh processes; each prints its report and a line ``RESULT <json>``.
+
+    XLA's CPU timings vary from process to process, so ratios are measured within each process
+    and summarized over processes by the caller.
+    """
+    results = []
+    for i in range(processes):
+        out = subprocess.run(
+            [sys.executable, script, "--child", *args], capture_output=True, text=True, check=True
+        ).stdout
+        print(f"--- process {i + 1}/{processes}")
+        print("\n".join(line for line in out.splitlines() if not line.startswith("RESULT ")))
+        results.append(
+            json.loads(
+                next(line for line in out.splitlines() if line.startswith("RESULT "))[len("RESULT ") :]
+            )
+        )
+    return results

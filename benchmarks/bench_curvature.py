@@ -19,7 +19,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -27,7 +26,15 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import cross_entropy, describe_machine, median_time, mlp, n_params, tiny_vit  # noqa: E402
+from _harness import (  # noqa: E402
+    cross_entropy,
+    describe_machine,
+    median_time,
+    mlp,
+    n_params,
+    run_in_processes,  # noqa: E402
+    tiny_vit_heads,
+)
 
 import minigeo as mg  # noqa: E402
 
@@ -56,13 +63,18 @@ def bench(name, params, model, labels, repeats):
     return t_hvp / t_grad, min(t_vmap, t_map) / t_hvp
 
 
+def vit_model(key):
+    params, logits_fn, _, (patches, labels), _ = tiny_vit_heads(key)
+    return params, lambda p: logits_fn(p, patches), labels
+
+
 def measure(repeats: int) -> dict:
     print(describe_machine())
     key = jax.random.PRNGKey(0)
     return {
         "MLP": bench("MLP 784-256-256-10, batch 256", *mlp(key), repeats),
         "ViT": bench(
-            "tiny ViT (8x8, patch 2, width 64, 4 heads, 2 layers), batch 128", *tiny_vit(key), repeats
+            "tiny ViT (8x8, patch 2, width 64, 4 heads, 2 layers), batch 128", *vit_model(key), repeats
         ),
     }
 
@@ -76,17 +88,7 @@ def main() -> int:
     if args.child:
         print("RESULT " + json.dumps(measure(args.repeats)))
         return 0
-    runs = []
-    for i in range(args.processes):
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", "--repeats", str(args.repeats)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        print(f"--- process {i + 1}/{args.processes}")
-        print("\n".join(line for line in out.splitlines() if not line.startswith("RESULT ")))
-        runs.append(json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:]))
+    runs = run_in_processes(__file__, ["--repeats", str(args.repeats)], args.processes)
     print("\n=== median over processes (each ratio measured within one process)")
     for name in ("MLP", "ViT"):
         ratios = [r[name][0] for r in runs]

@@ -7,7 +7,7 @@ runs Auto-PGD with N and 2N iterations after compilation; the difference divided
 iteration (initialization and the final evaluation cancel).  Median over ``--processes`` processes.
 Target on CPU: geodesic / adaptive <= 1.3.
 
-Usage: ``python benchmarks/bench_sharpness.py [--iters 10] [--processes 3]``
+Usage: ``python benchmarks/bench_sharpness.py [--iters 20] [--processes 3]``
 """
 
 from __future__ import annotations
@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,14 +23,19 @@ import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import describe_machine, n_params, tiny_vit_heads  # noqa: E402
+from _harness import (  # noqa: E402
+    describe_machine,
+    n_params,
+    run_in_processes,  # noqa: E402
+    tiny_vit_heads,
+)
 
 import minigeo as mg  # noqa: E402
 
 TARGET = 1.3
 
 
-def per_iteration(run, iters: int, repeats: int = 3) -> float:
+def per_iteration(run, iters: int, repeats: int = 5) -> float:
     jax.block_until_ready(run(iters))
     jax.block_until_ready(run(2 * iters))
     times = {}
@@ -46,7 +50,7 @@ def per_iteration(run, iters: int, repeats: int = 3) -> float:
 
 
 def measure(iters: int) -> dict:
-    params, loss, data, pairs = tiny_vit_heads(jax.random.PRNGKey(0))
+    params, _, loss, data, pairs = tiny_vit_heads(jax.random.PRNGKey(0))
     batches = jax.tree_util.tree_map(lambda x: x[None], data)
     spec = mg.symmetry_spec(params, pairs, eps=1e-6)
     key = jax.random.PRNGKey(1)
@@ -74,26 +78,14 @@ def measure(iters: int) -> dict:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--iters", type=int, default=10)
+    parser.add_argument("--iters", type=int, default=20)
     parser.add_argument("--processes", type=int, default=3)
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         print("RESULT " + json.dumps(measure(args.iters)))
         return 0
-    ratios = []
-    for i in range(args.processes):
-        out = subprocess.run(
-            [sys.executable, __file__, "--child", "--iters", str(args.iters)],
-            capture_output=True,
-            text=True,
-            check=True,
-        ).stdout
-        print(f"--- process {i + 1}/{args.processes}")
-        print("\n".join(line for line in out.splitlines() if not line.startswith("RESULT ")))
-        ratios.append(
-            json.loads(next(line for line in out.splitlines() if line.startswith("RESULT "))[7:])["ratio"]
-        )
+    ratios = [r["ratio"] for r in run_in_processes(__file__, ["--iters", str(args.iters)], args.processes)]
     print(
         f"\ngeodesic / adaptive time per Auto-PGD iteration: median {statistics.median(ratios):.2f} "
         f"(runs {', '.join(f'{r:.2f}' for r in ratios)}; target <= {TARGET})"

@@ -196,17 +196,13 @@ class _Geometry:
         return out
 
     def riemannian(self, fac: list, g: list) -> list:
+        # Riemannian gradients are horizontal; so are all iterates (linear combinations and rescalings of
+        # horizontal vectors at the fixed base point), so no further projection is needed in the loop.
         out = list(g)  # z-coordinates of non-pair leaves are Euclidean
         for (gi, hi), f in zip(self.pairs, fac):
             out[gi], out[hi] = horizontal_with(f, (g[gi] @ f.P, g[hi] @ f.Q))
         for ui, vi in self.gl1:  # the metric in B-coordinates is 2 I
             out[ui], out[vi] = 0.5 * g[ui], jnp.zeros_like(g[vi])
-        return out
-
-    def project_horizontal(self, fac: list, x: list) -> list:
-        out = list(x)
-        for (gi, hi), f in zip(self.pairs, fac):
-            out[gi], out[hi] = horizontal_with(f, (x[gi], x[hi]))
         return out
 
 
@@ -292,7 +288,6 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
             for xi, zi, pi in zip(s["x"], z, s["x_prev"])
         ]
         x_new = jax.lax.cond(k == 0, lambda: z, lambda: project(combined))
-        x_new = geometry.project_horizontal(fac, x_new)
         f_new = objective(x_new)
         succ = s["succ"] + (f_new > s["f"]).astype(jnp.int32)
         better = f_new > s["best_f"]
