@@ -123,17 +123,7 @@ class Metric:
         run in this compiled path; :meth:`check_positive_definite` checks the result.
         """
         check_dense_size(tree_size(params), max_size, f"The {self.name} metric")
-        return self._dense_jit(params)
-
-    @functools.cached_property
-    def _dense_jit(self) -> Callable[[PyTree], jax.Array]:
-        # One compiled program per Metric object: d products vectorised with vmap.
-        def build(params: PyTree) -> jax.Array:
-            flat, unravel = ravel(params)
-            basis = jnp.eye(flat.size, dtype=flat.dtype)
-            return jax.vmap(lambda e: ravel(self.mv(params, unravel(e)))[0])(basis).T
-
-        return jax.jit(build)
+        return _dense_program(self)(params)
 
     def solve(
         self,
@@ -170,6 +160,19 @@ class Metric:
             self.dense(params, max_size=max_size),
             f"the {self.name} metric" + (" + damping * I" if self.damping else ""),
         )
+
+
+@functools.lru_cache(maxsize=256)
+def _dense_program(metric: Metric) -> Callable[[PyTree], jax.Array]:
+    """One compiled program per metric *value* (equal metrics, e.g. repeated ``with_damping`` copies, share it):
+    d products vectorised with vmap."""
+
+    def build(params: PyTree) -> jax.Array:
+        flat, unravel = ravel(params)
+        basis = jnp.eye(flat.size, dtype=flat.dtype)
+        return jax.vmap(lambda e: ravel(metric.mv(params, unravel(e)))[0])(basis).T
+
+    return jax.jit(build)
 
 
 # ---------------------------------------------------------------------------
