@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Any, Callable, NamedTuple, Sequence
+from typing import Any, Callable, NamedTuple, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,8 @@ from .quotient import christoffel_with, horizontal_with, metric_with, pair_facto
 
 __all__ = [
     "SymmetrySpec",
+    "WithBias",
+    "with_bias",
     "symmetry_spec",
     "SharpnessResult",
     "adaptive_sharpness",
@@ -44,19 +46,49 @@ __all__ = [
 Path = Sequence[Any]
 
 
+Side = Tuple[int, ...]
+
+
 class SymmetrySpec(NamedTuple):
     """Which leaves of a parameter pytree form GL(h) pairs ``(G, H)`` (used as ``G H^T``), which form
     element-wise GL(1) pairs ``(u, v)`` (used as ``u * v``, e.g. diagonal networks), and, implicitly,
     that all other leaves are treated element-wise by the adaptive recipe.
 
-    Build it with :func:`symmetry_spec`, which checks the paths and shapes.  ``pairs``
-    holds leaf indices in ``jax.tree_util.tree_leaves`` order.
+    Build it with :func:`symmetry_spec`, which checks the paths and shapes.  ``pairs`` holds,
+    per GL(h) pair, the leaf indices (in ``jax.tree_util.tree_leaves`` order) of each side:
+    ``(weight,)`` or ``(weight, bias)`` when a bias is appended as a last row (paper 004,
+    Example A.1).  ``gl1_pairs`` holds ``(u, v)`` leaf indices.
     """
 
-    pairs: tuple[tuple[int, int], ...]
+    pairs: tuple[tuple[Side, Side], ...]
     num_leaves: int
     eps: float
     gl1_pairs: tuple[tuple[int, int], ...] = ()
+
+
+class WithBias(NamedTuple):
+    """One side of a GL(h) pair: a weight ``(..., n, h)`` with its bias ``(..., h)`` appended as row ``n + 1``."""
+
+    weight: Path
+    bias: Path
+
+
+def with_bias(weight: Path, bias: Path) -> WithBias:
+    r"""Name a GL(h) side whose bias is appended to its weight, :math:`\binom{W}{b^\top}` (paper 004, Example A.1).
+
+    Attention computes :math:`XW_q + \mathbf 1 b_q^\top = [X\ \mathbf 1]\binom{W_q}{b_q^\top}`, so
+    the GL(h) symmetry :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` acts on the weight and its bias
+    together: pass ``with_bias(("W_q",), ("b_q",))`` as a side in :func:`symmetry_spec`.
+
+    Examples
+    --------
+    >>> import minigeo as mg
+    >>> mg.with_bias(("attn", "W_q"), ("attn", "b_q"))
+    WithBias(weight=('attn', 'W_q'), bias=('attn', 'b_q'))
+    """
+    return WithBias(
+        tuple(weight) if isinstance(weight, list) else weight, tuple(bias) if isinstance(bias, list) else bias
+    )
 
 
 def _key_entry(k: Any) -> Any:
@@ -68,7 +100,7 @@ def _key_entry(k: Any) -> Any:
 
 def symmetry_spec(
     params: PyTree,
-    gl_pairs: Sequence[tuple[Path, Path]] = (),
+    gl_pairs: Sequence[tuple[Path | WithBias, Path | WithBias]] = (),
     *,
     gl1_pairs: Sequence[tuple[Path, Path]] = (),
     eps: float = 0.0,
@@ -76,9 +108,12 @@ def symmetry_spec(
     r"""Name the GL(h) pairs of a parameter pytree by their paths, e.g. ``[(("attn", "W_q"), ("attn", "W_k"))]``.
 
     Each pair's arrays must have shapes ``(..., n, h)`` and ``(..., m, h)`` with equal
-    ``h`` and batch (head) dimensions.  ``gl1_pairs`` name leaves ``(u, v)`` of equal shape
-    used through ``u * v``: they get the exact horizontal geodesics
-    :math:`(u e^{B}, v e^{B})` of paper 004, eq. (10).  ``eps`` is the relaxation of App. G.2.
+    ``h`` and batch (head) dimensions.  A side given as :func:`with_bias` ``(weight, bias)``
+    appends the bias ``(..., h)`` to its weight as a last row, so the pair is
+    :math:`\big(\binom{W_G}{b_G^\top}, \binom{W_H}{b_H^\top}\big)` (paper 004, Example A.1).
+    ``gl1_pairs`` name leaves ``(u, v)`` of equal shape used through ``u * v``: they get the
+    exact horizontal geodesics :math:`(u e^{B}, v e^{B})` of paper 004, eq. (10).  ``eps`` is
+    the relaxation of App. G.2.
 
     Raises
     ------
@@ -90,9 +125,11 @@ def symmetry_spec(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> params = {"q": jnp.ones((4, 2)), "k": jnp.ones((3, 2)), "b": jnp.ones(3)}
+    >>> params = {"q": jnp.ones((4, 2)), "k": jnp.ones((3, 2)), "b": jnp.ones(3), "bq": jnp.ones(2)}
     >>> mg.symmetry_spec(params, [(("q",), ("k",))]).pairs
-    ((2, 1),)
+    (((3,), (2,)),)
+    >>> mg.symmetry_spec(params, [(mg.with_bias(("q",), ("bq",)), ("k",))]).pairs
+    (((3, 1), (2,)),)
     """
     if isinstance(eps, (int, float)) and eps < 0:
         raise GeometryError(f"symmetry_spec: eps must be >= 0, got {eps}.")
@@ -113,16 +150,29 @@ def symmetry_spec(
         used.add(i)
         return i
 
+    def side(entry: Path | WithBias) -> tuple[Side, tuple[int, ...], str]:
+        if isinstance(entry, WithBias):
+            wi, bi = lookup(entry.weight), lookup(entry.bias)
+            W, b = leaves[wi], leaves[bi]
+            if jnp.ndim(W) < 2 or jnp.shape(b) != jnp.shape(W)[:-2] + jnp.shape(W)[-1:]:
+                raise GeometryError(
+                    f"symmetry_spec: the bias {entry.bias} {jnp.shape(b)} cannot be appended to the weight "
+                    f"{entry.weight} {jnp.shape(W)}: a weight (..., n, h) needs a bias of shape (..., h)."
+                )
+            shape = jnp.shape(W)[:-2] + (jnp.shape(W)[-2] + 1, jnp.shape(W)[-1])
+            return (wi, bi), shape, f"{entry.weight}+bias {entry.bias}"
+        i = lookup(entry)
+        return (i,), jnp.shape(leaves[i]), str(tuple(entry) if isinstance(entry, (tuple, list)) else entry)
+
     pairs = []
-    for g_path, h_path in gl_pairs:
-        gi, hi = lookup(g_path), lookup(h_path)
-        G, H = leaves[gi], leaves[hi]
-        if jnp.ndim(G) < 2 or jnp.ndim(H) < 2 or G.shape[-1] != H.shape[-1] or G.shape[:-2] != H.shape[:-2]:
+    for g_entry, h_entry in gl_pairs:
+        (g_side, g_shape, g_name), (h_side, h_shape, h_name) = side(g_entry), side(h_entry)
+        if len(g_shape) < 2 or len(h_shape) < 2 or g_shape[-1] != h_shape[-1] or g_shape[:-2] != h_shape[:-2]:
             raise GeometryError(
-                f"symmetry_spec: the pair {tuple(g_path)} {jnp.shape(G)} / {tuple(h_path)} {jnp.shape(H)} must be "
+                f"symmetry_spec: the pair {g_name} {g_shape} / {h_name} {h_shape} must be "
                 "matrices (..., n, h) and (..., m, h) with the same h and head dimensions (used as G H^T)."
             )
-        pairs.append((gi, hi))
+        pairs.append((g_side, h_side))
     gl1 = []
     for u_path, v_path in gl1_pairs:
         ui, vi = lookup(u_path), lookup(v_path)
@@ -160,7 +210,7 @@ class _Geometry:
         self.gl1 = spec.gl1_pairs if spec is not None else ()
         self.eps = spec.eps if spec is not None else 0.0
         self.geodesic = geodesic
-        self.paired = {i for p in self.pairs + self.gl1 for i in p}
+        self.paired = {i for p in self.pairs for side in p for i in side} | {i for p in self.gl1 for i in p}
 
     def _key(self) -> tuple:
         return (self.pairs, self.gl1, self.eps, self.geodesic)
@@ -171,26 +221,44 @@ class _Geometry:
     def __eq__(self, other: object) -> bool:
         return isinstance(other, _Geometry) and self._key() == other._key()
 
+    @staticmethod
+    def gather(x: list, side: Side) -> jax.Array:
+        """The matrix of one pair side: the weight, with the bias appended as a last row if the side has one."""
+        if len(side) == 1:
+            return x[side[0]]
+        return jnp.concatenate([x[side[0]], x[side[1]][..., None, :]], axis=-2)
+
+    @staticmethod
+    def scatter(out: list, side: Side, m: jax.Array) -> None:
+        """Write a side's matrix back into its weight (and bias) slots."""
+        if len(side) == 1:
+            out[side[0]] = m
+        else:
+            out[side[0]], out[side[1]] = m[..., :-1, :], m[..., -1, :]
+
+    def matrices(self, x: list) -> list[tuple[jax.Array, jax.Array]]:
+        return [(self.gather(x, g), self.gather(x, h)) for g, h in self.pairs]
+
     def factors(self, w: list) -> list:
         """Per-pair factorizations of metric (15) at the base point (constant during the search)."""
-        return [pair_factors(w[gi], w[hi], self.eps) for gi, hi in self.pairs]
+        return [pair_factors(G, H, self.eps) for G, H in self.matrices(w)]
 
     def norm_sq(self, w: list, fac: list, x: list) -> jax.Array:
         total = sum((jnp.sum(x[i] ** 2) for i in range(len(x)) if i not in self.paired), jnp.zeros(()))
-        for (gi, hi), f in zip(self.pairs, fac):
-            total = total + metric_with(f, (x[gi], x[hi]), (x[gi], x[hi]))
+        for xp, f in zip(self.matrices(x), fac):
+            total = total + metric_with(f, xp, xp)
         for ui, _ in self.gl1:
             total = total + 2.0 * jnp.sum(x[ui] ** 2)  # |(u B, v B)|^2 = sum B^2 + B^2
         return total
 
     def perturb(self, w: list, fac: list, x: list) -> list:
         out = [w[i] + jnp.abs(w[i]) * x[i] if i not in self.paired else None for i in range(len(w))]
-        for (gi, hi), f in zip(self.pairs, fac):
+        for (g, h), (xG, xH), f in zip(self.pairs, self.matrices(x), fac):
             if self.geodesic:
-                cG, cH = christoffel_with(f, (x[gi], x[hi]))
-                out[gi], out[hi] = w[gi] + x[gi] - 0.5 * cG, w[hi] + x[hi] - 0.5 * cH
-            else:
-                out[gi], out[hi] = w[gi] + x[gi], w[hi] + x[hi]
+                cG, cH = christoffel_with(f, (xG, xH))
+                xG, xH = xG - 0.5 * cG, xH - 0.5 * cH
+            self.scatter(out, g, f.G + xG)
+            self.scatter(out, h, f.H + xH)
         for ui, vi in self.gl1:  # exact horizontal geodesic, paper 004 eq. (10)
             out[ui], out[vi] = w[ui] * jnp.exp(x[ui]), w[vi] * jnp.exp(x[ui])
         return out
@@ -199,8 +267,10 @@ class _Geometry:
         # Riemannian gradients are horizontal; so are all iterates (linear combinations and rescalings of
         # horizontal vectors at the fixed base point), so no further projection is needed in the loop.
         out = list(g)  # z-coordinates of non-pair leaves are Euclidean
-        for (gi, hi), f in zip(self.pairs, fac):
-            out[gi], out[hi] = horizontal_with(f, (g[gi] @ f.P, g[hi] @ f.Q))
+        for (gs, hs), (gG, gH), f in zip(self.pairs, self.matrices(g), fac):
+            rG, rH = horizontal_with(f, (gG @ f.P, gH @ f.Q))
+            self.scatter(out, gs, rG)
+            self.scatter(out, hs, rH)
         for ui, vi in self.gl1:  # the metric in B-coordinates is 2 I
             out[ui], out[vi] = 0.5 * g[ui], jnp.zeros_like(g[vi])
         return out
@@ -256,10 +326,11 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
     # pair the Riemannian gradient of a random linear function of G H^T (which moves with the group)
     keys = jax.random.split(key, len(w))
     x0 = [jax.random.normal(k, jnp.shape(wi), dtype=jnp.result_type(wi)) for k, wi in zip(keys, w)]
-    for gi, hi in geometry.pairs:
-        G, H = w[gi], w[hi]
-        R = jax.random.normal(keys[gi], G.shape[:-1] + (H.shape[-2],), dtype=G.dtype)
-        x0[gi], x0[hi] = R @ H, jnp.swapaxes(R, -1, -2) @ G
+    for (gs, hs), f in zip(geometry.pairs, fac):
+        G, H = f.G, f.H
+        R = jax.random.normal(keys[gs[0]], G.shape[:-1] + (H.shape[-2],), dtype=G.dtype)
+        geometry.scatter(x0, gs, R @ H)
+        geometry.scatter(x0, hs, jnp.swapaxes(R, -1, -2) @ G)
     for ui, vi in geometry.gl1:
         x0[vi] = jnp.zeros_like(x0[vi])
     x0 = geometry.riemannian(fac, x0) if geometry.pairs else x0

@@ -112,6 +112,89 @@ def test_geodesic_sharpness_gl_h_invariant_adaptive_not():
     assert abs(float(a2 - a1)) > 1e-2 * abs(float(a1))
 
 
+def biased_attention_problem(seed=8, heads=2, dh=3, tokens=5, dim=6):
+    """Multi-head attention with q/k/v biases and an output projection (paper 004, Example A.1)."""
+    r = rng(seed)
+    X = jnp.asarray(r.normal(size=(2, tokens, dim)))
+    Y = jnp.asarray(r.normal(size=(2, tokens, dim)))
+    shapes = {
+        "W_q": (heads, dim, dh),
+        "W_k": (heads, dim, dh),
+        "W_v": (heads, dim, dh),
+        "W_o": (heads, dim, dh),
+    }
+    params = {k: jnp.asarray(r.normal(size=s)) / 2 for k, s in shapes.items()}
+    params.update({b: jnp.asarray(r.normal(size=(heads, dh))) for b in ("b_q", "b_k", "b_v")})
+    params["b_o"] = jnp.asarray(r.normal(size=dim))
+
+    def loss(p, batch):
+        X, Y = batch
+        q = jnp.einsum("td,hde->hte", X, p["W_q"]) + p["b_q"][:, None]
+        k = jnp.einsum("td,hde->hte", X, p["W_k"]) + p["b_k"][:, None]
+        v = jnp.einsum("td,hde->hte", X, p["W_v"]) + p["b_v"][:, None]
+        a = jax.nn.softmax(q @ jnp.swapaxes(k, -1, -2) / jnp.sqrt(dh), axis=-1)
+        out = jnp.einsum("hte,hde->td", a @ v, p["W_o"]) + p["b_o"]
+        return jnp.mean((out - Y) ** 2)
+
+    spec = mg.symmetry_spec(
+        params,
+        [
+            (mg.with_bias(("W_q",), ("b_q",)), mg.with_bias(("W_k",), ("b_k",))),
+            (mg.with_bias(("W_v",), ("b_v",)), ("W_o",)),
+        ],
+    )
+    return params, loss, (X, Y), spec
+
+
+def act_on_biased_attention(params, A_qk, A_vo):
+    """(G, H) -> (G A^{-1}, H A^T) per head, on the weight-with-bias matrices."""
+    inv = jnp.linalg.inv
+    out = dict(params)
+    out["W_q"], out["b_q"] = params["W_q"] @ inv(A_qk), jnp.einsum("he,hef->hf", params["b_q"], inv(A_qk))
+    out["W_k"], out["b_k"] = (
+        params["W_k"] @ jnp.swapaxes(A_qk, -1, -2),
+        jnp.einsum("he,hfe->hf", params["b_k"], A_qk),
+    )
+    out["W_v"], out["b_v"] = params["W_v"] @ inv(A_vo), jnp.einsum("he,hef->hf", params["b_v"], inv(A_vo))
+    out["W_o"] = params["W_o"] @ jnp.swapaxes(A_vo, -1, -2)
+    return out
+
+
+def test_geodesic_sharpness_gl_h_invariant_with_appended_biases():
+    params, loss, batches, spec = biased_attention_problem()
+    r = rng(9)
+    A_qk = jnp.stack([random_invertible(r, 3) * 2.0 for _ in range(2)])
+    A_vo = jnp.stack([random_invertible(r, 3) * 0.5 for _ in range(2)])
+    moved = act_on_biased_attention(params, A_qk, A_vo)
+    first = jax.tree_util.tree_map(lambda x: x[0], batches)
+    np.testing.assert_allclose(loss(moved, first), loss(params, first), rtol=1e-10)
+    g1 = mg.geodesic_sharpness(loss, params, batches, spec, 0.1, key=jax.random.PRNGKey(0), n_iter=10)
+    g2 = mg.geodesic_sharpness(loss, moved, batches, spec, 0.1, key=jax.random.PRNGKey(0), n_iter=10)
+    np.testing.assert_allclose(g2.per_batch, g1.per_batch, rtol=1e-7)
+    assert float(g1.sharpness) > 0
+    # the maximizing perturbations correspond under the group action: same perturbed function
+    for b in range(2):
+        batch = jax.tree_util.tree_map(lambda x: x[b], batches)
+        p1 = jax.tree_util.tree_map(lambda w, d: w + d[b], params, g1.perturbation)
+        p2 = jax.tree_util.tree_map(lambda w, d: w + d[b], moved, g2.perturbation)
+        np.testing.assert_allclose(loss(p2, batch), loss(p1, batch), rtol=1e-7)
+    # without the biases appended, the bias leaves are treated element-wise and invariance is lost
+    plain = mg.symmetry_spec(params, [(("W_q",), ("W_k",)), (("W_v",), ("W_o",))])
+    n1 = mg.geodesic_sharpness(loss, params, batches, plain, 0.1, key=jax.random.PRNGKey(0), n_iter=10)
+    n2 = mg.geodesic_sharpness(loss, moved, batches, plain, 0.1, key=jax.random.PRNGKey(0), n_iter=10)
+    assert abs(float(n2.sharpness - n1.sharpness)) > 1e-3 * abs(float(n1.sharpness))
+
+
+def test_with_bias_spec_errors():
+    params, *_ = biased_attention_problem()
+    with pytest.raises(mg.GeometryError, match=r"needs a bias of shape \(\.\.\., h\)"):
+        mg.symmetry_spec(params, [(mg.with_bias(("W_q",), ("b_o",)), ("W_k",))])
+    with pytest.raises(mg.GeometryError, match="no leaf at"):
+        mg.symmetry_spec(params, [(mg.with_bias(("W_q",), ("b_x",)), ("W_k",))])
+    with pytest.raises(mg.GeometryError, match="more than one pair"):
+        mg.symmetry_spec(params, [(mg.with_bias(("W_q",), ("b_q",)), mg.with_bias(("W_k",), ("b_q",)))])
+
+
 def test_geodesic_reduces_to_adaptive_without_pairs():
     params, loss, batches = diagonal_net_problem(6)
     spec = mg.symmetry_spec(params)  # no GL(h) pairs: every leaf is treated element-wise
