@@ -20,6 +20,10 @@ Modules (floors: a module imports only from floors below it)
   Lanczos (chapter 4).
 * floor 3 :mod:`minigeo.sharpness`: adaptive and geodesic sharpness by Auto-PGD,
   symmetry specifications, Kendall's tau (chapters 6 and 7).
+* floor 1 :mod:`minigeo.parallel`: data parallelism with ``jax.sharding`` (chapter 7).
+* floor 4 :mod:`minigeo.models` (imported as ``minigeo.models``, names not re-exported
+  here): a vision transformer with its symmetry specification and timm converter, and
+  training helpers (chapter 7).
 * floor 4 :mod:`minigeo.densities`: Lebesgue and volume-form densities, the
   Laplace evidence (dense and stochastic Lanczos quadrature), weight norm
   (chapter 5).
@@ -28,7 +32,7 @@ Every module lists its public names in ``__all__``; this file re-exports them
 all (``minigeo.metrics.dense`` as ``dense_metric``, to keep the name unambiguous).
 """
 
-from . import coords, curvature, densities, metrics, natgrad, quotient, reparam, sharpness
+from . import coords, curvature, densities, metrics, natgrad, parallel, quotient, reparam, sharpness
 from ._checks import GeometryError
 from .coords import *  # noqa: F403
 from .curvature import *  # noqa: F403
@@ -36,10 +40,13 @@ from .densities import *  # noqa: F403
 from .metrics import *  # noqa: F403
 from .metrics import dense as dense_metric
 from .natgrad import *  # noqa: F403
+from .parallel import *  # noqa: F403
 from .quotient import *  # noqa: F403
 from .sharpness import *  # noqa: F403
 
 del dense  # noqa: F821  (re-exported as dense_metric)
+
+from . import models  # noqa: E402  (floor 4: imports sharpness)
 
 __version__ = "0.1.0"
 
@@ -56,4 +63,6 @@ __all__ = [
     *curvature.__all__,
     *densities.__all__,
     *sharpness.__all__,
+    *parallel.__all__,
+    "models",
 ]

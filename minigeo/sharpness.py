@@ -27,6 +27,7 @@ from typing import Any, Callable, NamedTuple, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+from jax.flatten_util import ravel_pytree
 
 from ._checks import GeometryError
 from ._tree import PyTree
@@ -276,6 +277,18 @@ class _Geometry:
         return out
 
 
+def _normal_like(key: jax.Array, like: list) -> list:
+    """Standard normal arrays shaped like ``like`` (arrays or ShapeDtypeStructs), from a single draw."""
+    sizes = [math.prod(jnp.shape(x)) for x in like]
+    dtype = jnp.result_type(*[x.dtype for x in like]) if like else jnp.float32
+    flat = jax.random.normal(key, (sum(sizes),), dtype)
+    out, start = [], 0
+    for x, n in zip(like, sizes):
+        out.append(flat[start : start + n].reshape(jnp.shape(x)).astype(x.dtype))
+        start += n
+    return out
+
+
 def _checkpoints(n_iter: int) -> list[int]:
     """Auto-PGD checkpoints ceil(p_j * n_iter): p_0 = 0, p_1 = 0.22, p_{j+1} = p_j + max(p_j - p_{j-1} - 0.03, 0.06)."""
     p = [0.0, 0.22]
@@ -307,85 +320,93 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
     w, treedef = jax.tree_util.tree_flatten(params)
     fac = geometry.factors(w)
     objective = lambda x: loss_fn(jax.tree_util.tree_unflatten(treedef, geometry.perturb(w, fac, x)), batch)
-    value_and_grad = jax.value_and_grad(objective)
     base = loss_fn(params, batch)
-
-    def norm(x):
-        return jnp.sqrt(jnp.maximum(geometry.norm_sq(w, fac, x), 1e-300))
-
-    def project(x):
-        scale = jnp.minimum(1.0, rho / norm(x))
-        return [scale * xi for xi in x]
-
-    def ascent_step(x, eta):
-        _, g = value_and_grad(x)
-        rg = geometry.riemannian(fac, g)
-        return [xi + eta * d / norm(rg) for xi, d in zip(x, rg)]
 
     # equivariant random start of norm rho / 2: random z for GL(1) leaves, and for each GL(h)
     # pair the Riemannian gradient of a random linear function of G H^T (which moves with the group)
-    keys = jax.random.split(key, len(w))
-    x0 = [jax.random.normal(k, jnp.shape(wi), dtype=jnp.result_type(wi)) for k, wi in zip(keys, w)]
-    for (gs, hs), f in zip(geometry.pairs, fac):
-        G, H = f.G, f.H
-        R = jax.random.normal(keys[gs[0]], G.shape[:-1] + (H.shape[-2],), dtype=G.dtype)
-        geometry.scatter(x0, gs, R @ H)
-        geometry.scatter(x0, hs, jnp.swapaxes(R, -1, -2) @ G)
+    # (one draw for all leaves: a separate threefry per leaf multiplies XLA's compile time)
+    k_z, k_r = jax.random.split(key)
+    x0 = _normal_like(k_z, w)
+    Rs = _normal_like(k_r, [jax.ShapeDtypeStruct(f.G.shape[:-1] + (f.H.shape[-2],), f.G.dtype) for f in fac])
+    for (gs, hs), f, R in zip(geometry.pairs, fac, Rs):
+        geometry.scatter(x0, gs, R @ f.H)
+        geometry.scatter(x0, hs, jnp.swapaxes(R, -1, -2) @ f.G)
     for ui, vi in geometry.gl1:
         x0[vi] = jnp.zeros_like(x0[vi])
     x0 = geometry.riemannian(fac, x0) if geometry.pairs else x0
-    x0 = [0.5 * rho * xi / norm(x0) for xi in x0]
-    f0 = objective(x0)
+
+    # The search runs on one flat vector (few loop-carried buffers keep XLA's compile time low);
+    # the geometry works on the list of leaves.
+    v0, unravel = ravel_pytree(x0)
+
+    def norm(v):
+        sq = geometry.norm_sq(w, fac, unravel(v))
+        return jnp.sqrt(jnp.maximum(sq, jnp.finfo(sq.dtype).tiny))
+
+    def project(v):
+        return jnp.minimum(1.0, rho / norm(v)) * v
+
+    def riemannian(g):
+        return ravel_pytree(geometry.riemannian(fac, unravel(g)))[0]
+
+    value_and_grad = jax.value_and_grad(lambda v: objective(unravel(v)))
+    v0 = 0.5 * rho * v0 / norm(v0)
+    ftype = base.dtype
 
     checkpoints = jnp.zeros(n_iter + 1, dtype=bool).at[jnp.asarray(_checkpoints(n_iter))].set(True)
-    eta0 = 2.0 * rho
+    eta0 = jnp.asarray(2.0 * rho, ftype)
+    none = jnp.asarray(-jnp.inf, ftype)
     state = dict(
-        x=x0,
-        x_prev=x0,
-        f=f0,
-        eta=jnp.asarray(eta0, f0.dtype),
-        best_x=x0,
-        best_f=f0,
+        x=v0,
+        x_prev=v0,
+        f=none,
+        g=jnp.zeros_like(v0),
+        eta=eta0,
+        best_x=v0,
+        best_f=none,
+        best_g=jnp.zeros_like(v0),
         succ=jnp.zeros((), jnp.int32),
         last_ck=jnp.zeros((), jnp.int32),
-        eta_ck=jnp.asarray(eta0, f0.dtype),
-        best_ck=f0,
+        eta_ck=eta0,
+        best_ck=none,
     )
 
+    # Iteration k = 1..n_iter of Auto-PGD is loop step k; step 0 only evaluates the start point.
+    # One value-and-gradient per step, traced once: the gradient at the new point is carried to the
+    # next step (and the best point's gradient kept for restarts), so no forward pass is repeated.
     def body(k, s):
-        z = project(ascent_step(s["x"], s["eta"]))
-        combined = [
-            xi + momentum * (zi - xi) + (1 - momentum) * (xi - pi)
-            for xi, zi, pi in zip(s["x"], z, s["x_prev"])
-        ]
-        x_new = jax.lax.cond(k == 0, lambda: z, lambda: project(combined))
-        f_new = objective(x_new)
-        succ = s["succ"] + (f_new > s["f"]).astype(jnp.int32)
+        start = k == 0
+        rg = riemannian(s["g"])
+        step = jnp.where(start, 0.0, s["eta"]) / norm(rg)
+        z = project(s["x"] + step * rg)
+        mom = jnp.where(k <= 1, 1.0, momentum).astype(ftype)  # the first iteration takes z itself
+        x_new = project(s["x"] + mom * (z - s["x"]) + (1 - mom) * (s["x"] - s["x_prev"]))
+        f_new, g_new = value_and_grad(x_new)
+        succ = s["succ"] + ((f_new > s["f"]) & ~start).astype(jnp.int32)
         better = f_new > s["best_f"]
-        best_x = [jnp.where(better, a, b) for a, b in zip(x_new, s["best_x"])]
+        best_x = jnp.where(better, x_new, s["best_x"])
+        best_g = jnp.where(better, g_new, s["best_g"])
         best_f = jnp.where(better, f_new, s["best_f"])
-        at_ck = checkpoints[k + 1]
-        span = (k + 1 - s["last_ck"]).astype(f0.dtype)
+        at_ck = checkpoints[k]
+        span = (k - s["last_ck"]).astype(ftype)
         halve = at_ck & ((succ < 0.75 * span) | ((s["eta"] == s["eta_ck"]) & (best_f == s["best_ck"])))
-        eta = jnp.where(halve, s["eta"] / 2, s["eta"])
-        x_next = [jnp.where(halve, b, a) for a, b in zip(x_new, best_x)]
-        x_prev = [jnp.where(halve, b, a) for a, b in zip(s["x"], best_x)]
-        f_next = jnp.where(halve, best_f, f_new)
         return dict(
-            x=x_next,
-            x_prev=x_prev,
-            f=f_next,
-            eta=eta,
+            x=jnp.where(halve, best_x, x_new),
+            x_prev=jnp.where(halve, best_x, s["x"]),
+            f=jnp.where(halve, best_f, f_new),
+            g=jnp.where(halve, best_g, g_new),
+            eta=jnp.where(halve, s["eta"] / 2, s["eta"]),
             best_x=best_x,
             best_f=best_f,
+            best_g=best_g,
             succ=jnp.where(at_ck, 0, succ),
-            last_ck=jnp.where(at_ck, k + 1, s["last_ck"]),
+            last_ck=jnp.where(at_ck, k, s["last_ck"]),
             eta_ck=jnp.where(at_ck, s["eta"], s["eta_ck"]),
-            best_ck=jnp.where(at_ck, best_f, s["best_ck"]),
+            best_ck=jnp.where(start, f_new, jnp.where(at_ck, best_f, s["best_ck"])),
         )
 
-    s = jax.lax.fori_loop(0, n_iter, body, state)
-    delta = geometry.perturb(w, fac, s["best_x"])
+    s = jax.lax.fori_loop(0, n_iter + 1, body, state)
+    delta = geometry.perturb(w, fac, unravel(s["best_x"]))
     perturbation = jax.tree_util.tree_unflatten(treedef, [d - wi for d, wi in zip(delta, w)])
     return s["best_f"] - base, perturbation
 
@@ -413,11 +434,7 @@ def _average_case(loss_fn, params, batches, rho, keys, n_samples: int):
         k, batch = kb
 
         def sample(kk):
-            ks = jax.random.split(kk, len(w))
-            pert = [
-                wi + jnp.abs(wi) * rho * jax.random.normal(ki, jnp.shape(wi), jnp.result_type(wi))
-                for ki, wi in zip(ks, w)
-            ]
+            pert = [wi + jnp.abs(wi) * rho * zi for wi, zi in zip(w, _normal_like(kk, w))]
             return loss_fn(jax.tree_util.tree_unflatten(treedef, pert), batch)
 
         return jnp.mean(jax.lax.map(sample, jax.random.split(k, n_samples))) - loss_fn(params, batch)

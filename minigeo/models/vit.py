@@ -1,0 +1,478 @@
+r"""A vision transformer in plain JAX, its GL(h) symmetry specification, and a timm converter (chapter 7).
+
+The model is functional: :func:`init_vit` returns a parameter pytree, :func:`vit_apply`
+maps ``(params, images)`` to logits.  Architecture (Dosovitskiy et al. 2021, timm's
+``VisionTransformer``): non-overlapping patches embedded linearly, a class token, learned
+position embeddings, ``depth`` pre-LayerNorm blocks of multi-head self-attention (with
+query/key/value biases) and a GELU MLP, a final LayerNorm and a linear head on the class
+token.  :func:`vit_b32_config` is ViT-B/32 (patch 32, 224², 12 layers, width 768, 12 heads
+of 64; 88,224,232 parameters, the same count as timm's ``vit_base_patch32_224``).
+
+**Parameter layout.**  The blocks are stacked along a leading ``depth`` axis and run with
+``lax.scan`` (one compiled block, whatever the depth).  The attention weights are stored
+*per head*, the layout in which the GL(h) symmetries of paper 004 (Example A.1, App. C.1)
+are visible:
+
+==========  =========================  =============================================
+leaf        shape                      role
+==========  =========================  =============================================
+``W_q``     ``(depth, heads, d, dh)``  head ``i`` computes :math:`q_i = X W_q^i + b_q^i`
+``b_q``     ``(depth, heads, dh)``     (``W_k``/``b_k``, ``W_v``/``b_v`` alike)
+``W_o``     ``(depth, heads, d, dh)``  output :math:`\sum_i \mathrm{softmax}(q_i k_i^\top/\sqrt{dh})\,v_i\,W_o^{i\top} + b_o`
+``b_o``     ``(depth, d)``             shared by the heads: no symmetry
+==========  =========================  =============================================
+
+so that scores depend on :math:`\binom{W_q^i}{b_q^{i\top}}\binom{W_k^i}{b_k^{i\top}}^{\!\top}`
+and the value path on :math:`\binom{W_v^i}{b_v^{i\top}} W_o^{i\top}`: two GL(dh) pairs per
+head and layer, which :func:`vit_symmetry_spec` names for :func:`minigeo.geodesic_sharpness`.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Any, Mapping, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .._checks import GeometryError
+from .._tree import PyTree
+from ..sharpness import SymmetrySpec, symmetry_spec, with_bias
+
+__all__ = [
+    "ViTConfig",
+    "vit_b32_config",
+    "init_vit",
+    "vit_apply",
+    "vit_num_params",
+    "vit_symmetry_spec",
+    "vit_from_timm",
+    "load_timm_checkpoint",
+]
+
+_ATTENTION_KEYS = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
+
+
+class ViTConfig(NamedTuple):
+    """Hyperparameters of a vision transformer (hashable: usable as a static argument).
+
+    ``gelu="exact"`` is the erf GELU of timm/ViT; ``"tanh"`` is its tanh approximation
+    (faster on CPU).  ``ln_eps`` is LayerNorm's epsilon (1e-6 in timm's ViTs).
+    """
+
+    image_size: int = 224
+    patch_size: int = 32
+    channels: int = 3
+    num_classes: int = 1000
+    width: int = 768
+    depth: int = 12
+    heads: int = 12
+    mlp_dim: int = 3072
+    ln_eps: float = 1e-6
+    gelu: str = "exact"
+
+    @property
+    def head_dim(self) -> int:
+        return self.width // self.heads
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+def vit_b32_config(num_classes: int = 1000) -> ViTConfig:
+    """ViT-B/32: patch 32, 224×224×3 images, 12 layers, width 768, 12 heads of 64, MLP 3072.
+
+    Examples
+    --------
+    >>> import minigeo.models as mm
+    >>> mm.vit_num_params(mm.vit_b32_config())
+    88224232
+    """
+    return ViTConfig(num_classes=num_classes)
+
+
+def _check_config(config: ViTConfig) -> None:
+    if not isinstance(config, ViTConfig):
+        raise GeometryError(f"expected a ViTConfig, got {type(config).__name__}.")
+    if config.image_size % config.patch_size:
+        raise GeometryError(
+            f"ViTConfig: image_size {config.image_size} must be a multiple of patch_size {config.patch_size}."
+        )
+    if config.width % config.heads:
+        raise GeometryError(f"ViTConfig: width {config.width} must be divisible by heads {config.heads}.")
+    if config.gelu not in ("exact", "tanh"):
+        raise GeometryError(f"ViTConfig: gelu must be 'exact' or 'tanh', got {config.gelu!r}.")
+
+
+def init_vit(key: jax.Array, config: ViTConfig, dtype: Any = jnp.float32) -> PyTree:
+    """Random parameters: truncated-normal weights (std 0.02, as timm), zero biases, unit LayerNorm scales.
+
+    Returns the nested dict described in the module docstring.
+
+    Examples
+    --------
+    >>> import jax
+    >>> import minigeo.models as mm
+    >>> cfg = mm.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10, width=16, depth=2, heads=2, mlp_dim=32)
+    >>> params = mm.init_vit(jax.random.PRNGKey(0), cfg)
+    >>> params["blocks"]["attn"]["W_q"].shape   # (depth, heads, width, head_dim)
+    (2, 2, 16, 8)
+    """
+    _check_config(config)
+    c = config
+    L, h, d, dh, m = c.depth, c.heads, c.width, c.head_dim, c.mlp_dim
+    patch_dim = c.patch_size**2 * c.channels
+    keys = iter(jax.random.split(key, 12))
+
+    def w(shape):
+        return 0.02 * jax.random.truncated_normal(next(keys), -2.0, 2.0, shape, dtype)
+
+    def zeros(shape):
+        return jnp.zeros(shape, dtype)
+
+    def layer_norm(shape):
+        return {"scale": jnp.ones(shape, dtype), "bias": zeros(shape)}
+
+    attn = {
+        "W_q": w((L, h, d, dh)),
+        "b_q": zeros((L, h, dh)),
+        "W_k": w((L, h, d, dh)),
+        "b_k": zeros((L, h, dh)),
+        "W_v": w((L, h, d, dh)),
+        "b_v": zeros((L, h, dh)),
+        "W_o": w((L, h, d, dh)),
+        "b_o": zeros((L, d)),
+    }
+    return {
+        "patch_embed": {"kernel": w((patch_dim, d)), "bias": zeros((d,))},
+        "cls_token": w((d,)),
+        "pos_embed": w((c.num_patches + 1, d)),
+        "blocks": {
+            "ln1": layer_norm((L, d)),
+            "attn": attn,
+            "ln2": layer_norm((L, d)),
+            "mlp": {
+                "fc1": {"kernel": w((L, d, m)), "bias": zeros((L, m))},
+                "fc2": {"kernel": w((L, m, d)), "bias": zeros((L, d))},
+            },
+        },
+        "ln_final": layer_norm((d,)),
+        "head": {"kernel": w((d, c.num_classes)), "bias": zeros((c.num_classes,))},
+    }
+
+
+def vit_num_params(config: ViTConfig) -> int:
+    """Number of parameters, from the shapes alone (``jax.eval_shape``: nothing is allocated)."""
+    shapes = jax.eval_shape(lambda k: init_vit(k, config), jax.random.PRNGKey(0))
+    return int(sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
+
+
+def _layer_norm(x: jax.Array, p: Mapping[str, jax.Array], eps: float) -> jax.Array:
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    return (x - mean) * jax.lax.rsqrt(var + eps) * p["scale"] + p["bias"]
+
+
+def patchify(images: jax.Array, patch_size: int) -> jax.Array:
+    """(B, H, W, C) images → (B, N, p·p·C) patches, row-major over the patch grid, (kh, kw, c) inside."""
+    B, H, W, C = images.shape
+    p = patch_size
+    x = images.reshape(B, H // p, p, W // p, p, C).transpose(0, 1, 3, 2, 4, 5)
+    return x.reshape(B, (H // p) * (W // p), p * p * C)
+
+
+def multi_head_attention(x: jax.Array, a: Mapping[str, jax.Array]) -> jax.Array:
+    """Self-attention of tokens ``x`` (B, T, d) with per-head weights ``a`` (one layer's slice)."""
+    q = jnp.einsum("btd,hde->bhte", x, a["W_q"]) + a["b_q"][:, None, :]
+    k = jnp.einsum("btd,hde->bhte", x, a["W_k"]) + a["b_k"][:, None, :]
+    v = jnp.einsum("btd,hde->bhte", x, a["W_v"]) + a["b_v"][:, None, :]
+    scores = jnp.einsum("bhte,bhse->bhts", q, k) / jnp.sqrt(jnp.asarray(q.shape[-1], x.dtype))
+    mixed = jnp.einsum("bhts,bhse->bhte", jax.nn.softmax(scores, axis=-1), v)
+    return jnp.einsum("bhte,hde->btd", mixed, a["W_o"]) + a["b_o"]
+
+
+def vit_apply(params: PyTree, images: jax.Array, config: ViTConfig) -> jax.Array:
+    r"""Logits of the vision transformer for images of shape ``(B, H, W, C)`` (channels last).
+
+    :math:`z_0 = [x_{\mathrm{cls}};\ \mathrm{patches}\,E + b_E] + E_{\mathrm{pos}}`, then per block
+    :math:`z \leftarrow z + \mathrm{MHA}(\mathrm{LN}_1 z)`, :math:`z \leftarrow z + \mathrm{MLP}(\mathrm{LN}_2 z)`,
+    and :math:`\mathrm{logits} = \mathrm{LN}(z)_{\mathrm{cls}} W_{\mathrm{head}} + b_{\mathrm{head}}`.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo.models as mm
+    >>> cfg = mm.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10, width=16, depth=2, heads=2, mlp_dim=32)
+    >>> params = mm.init_vit(jax.random.PRNGKey(0), cfg)
+    >>> mm.vit_apply(params, jnp.zeros((5, 8, 8, 1)), cfg).shape
+    (5, 10)
+    """
+    c = config
+    images = jnp.asarray(images)
+    expected = (c.image_size, c.image_size, c.channels)
+    if images.ndim != 4 or images.shape[1:] != expected:
+        raise GeometryError(
+            f"vit_apply: images must have shape (batch, {c.image_size}, {c.image_size}, {c.channels}) (channels "
+            f"last), got {images.shape}. For NCHW arrays (PyTorch), pass images.transpose(0, 2, 3, 1)."
+        )
+    dtype = params["pos_embed"].dtype
+    x = (
+        patchify(images.astype(dtype), c.patch_size) @ params["patch_embed"]["kernel"]
+        + params["patch_embed"]["bias"]
+    )
+    cls = jnp.broadcast_to(params["cls_token"], (x.shape[0], 1, c.width))
+    x = jnp.concatenate([cls, x], axis=1) + params["pos_embed"]
+    gelu = lambda u: jax.nn.gelu(u, approximate=c.gelu == "tanh")
+
+    def block(z, p):
+        z = z + multi_head_attention(_layer_norm(z, p["ln1"], c.ln_eps), p["attn"])
+        y = _layer_norm(z, p["ln2"], c.ln_eps)
+        y = gelu(y @ p["mlp"]["fc1"]["kernel"] + p["mlp"]["fc1"]["bias"])
+        return z + y @ p["mlp"]["fc2"]["kernel"] + p["mlp"]["fc2"]["bias"], None
+
+    x, _ = jax.lax.scan(block, x, params["blocks"])
+    x = _layer_norm(x[:, 0], params["ln_final"], c.ln_eps)
+    return x @ params["head"]["kernel"] + params["head"]["bias"]
+
+
+def _attention_blocks(params: PyTree) -> list[tuple[Any, ...]]:
+    """Paths of every dict in the pytree that holds the eight per-head attention leaves."""
+    found: list[tuple[Any, ...]] = []
+
+    def visit(node: Any, path: tuple[Any, ...]) -> None:
+        if isinstance(node, Mapping):
+            if all(k in node for k in _ATTENTION_KEYS):
+                found.append(path)
+                return
+            for k, v in node.items():
+                visit(v, path + (k,))
+
+    visit(params, ())
+    return found
+
+
+def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
+    r"""The GL(dh) symmetries of every attention layer, for :func:`minigeo.geodesic_sharpness`.
+
+    Per head :math:`i` (and layer): :math:`\big(\binom{W_q^i}{b_q^{i\top}}, \binom{W_k^i}{b_k^{i\top}}\big)`
+    and :math:`\big(\binom{W_v^i}{b_v^{i\top}}, W_o^i\big)`, the biases appended as in paper 004,
+    Example A.1; heads and layers are the leading batch axes of the leaves, so each head is its
+    own pair.  Every other leaf (patch embedding, positions, LayerNorms, MLP, head, ``b_o``) gets
+    the element-wise adaptive treatment (paper 004, App. C.1).
+
+    Raises
+    ------
+    GeometryError
+        If the pytree holds no attention layer (a dict with ``W_q, b_q, W_k, b_k, W_v, b_v,
+        W_o, b_o``), or the shapes do not form pairs.
+
+    Examples
+    --------
+    >>> import jax
+    >>> import minigeo.models as mm
+    >>> cfg = mm.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10, width=16, depth=2, heads=2, mlp_dim=32)
+    >>> spec = mm.vit_symmetry_spec(mm.init_vit(jax.random.PRNGKey(0), cfg))
+    >>> len(spec.pairs)   # (q, k) and (v, o), each batched over 2 layers x 2 heads
+    2
+    """
+    blocks = _attention_blocks(params)
+    if not blocks:
+        raise GeometryError(
+            "vit_symmetry_spec: the parameter pytree has no attention layer (a dict holding "
+            f"{', '.join(_ATTENTION_KEYS)}), so it has no GL(h) symmetry to quotient out. Use "
+            "minigeo.symmetry_spec to name the pairs of another model, or adaptive_sharpness."
+        )
+    pairs = []
+    for path in blocks:
+        p = lambda name: path + (name,)
+        pairs.append((with_bias(p("W_q"), p("b_q")), with_bias(p("W_k"), p("b_k"))))
+        pairs.append((with_bias(p("W_v"), p("b_v")), p("W_o")))
+    return symmetry_spec(params, pairs, eps=eps)
+
+
+# ---------------------------------------------------------------------------
+# timm checkpoints
+# ---------------------------------------------------------------------------
+def _timm_keys(depth: int) -> list[str]:
+    keys = ["cls_token", "pos_embed", "patch_embed.proj.weight", "patch_embed.proj.bias"]
+    for i in range(depth):
+        for name in ("norm1", "attn.qkv", "attn.proj", "norm2", "mlp.fc1", "mlp.fc2"):
+            keys += [f"blocks.{i}.{name}.weight", f"blocks.{i}.{name}.bias"]
+    return keys + ["norm.weight", "norm.bias", "head.weight", "head.bias"]
+
+
+def _to_numpy(x: Any) -> np.ndarray:
+    if hasattr(x, "detach"):  # a torch tensor; no torch import needed
+        x = x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def vit_from_timm(
+    state_dict: Mapping[str, Any],
+    *,
+    heads: int | None = None,
+    ln_eps: float = 1e-6,
+    gelu: str = "exact",
+    dtype: Any = jnp.float32,
+) -> tuple[PyTree, ViTConfig]:
+    r"""Convert a timm ``VisionTransformer`` state dict (e.g. ``vit_base_patch32_224``) to minigeo's layout.
+
+    The fused ``attn.qkv.weight`` (3d, d) holds rows ``[q | k | v]`` in blocks of ``d``, head
+    ``i`` at rows ``i·dh … (i+1)·dh`` of each block; it is split per head (and transposed, since
+    torch stores ``W^T``).  ``attn.proj.weight``'s columns ``i·dh … (i+1)·dh`` become ``W_o^i``.
+    The patch convolution (d, C, p, p) becomes a (p·p·C, d) matrix in (kh, kw, c) order.  The
+    depth, width, patch size, image size and classes are read off the shapes; ``heads`` is not
+    visible in them and defaults to ``width // 64`` (timm's ViTs use heads of 64).
+
+    Returns ``(params, config)``.  Values may be numpy arrays or torch tensors (converted
+    without importing torch); e.g. ``vit_from_timm(timm.create_model(name).state_dict())``.
+
+    Raises
+    ------
+    GeometryError
+        If keys are missing or unexpected (the message lists them), or shapes disagree.
+    """
+    sd = {k: _to_numpy(v) for k, v in state_dict.items()}
+    if "patch_embed.proj.weight" not in sd or "pos_embed" not in sd:
+        raise GeometryError(
+            "vit_from_timm: not a timm VisionTransformer state dict (no 'patch_embed.proj.weight' or 'pos_embed'); "
+            f"got keys {sorted(sd)[:12]}{' ...' if len(sd) > 12 else ''}."
+        )
+    depth = 1 + max((int(k.split(".")[1]) for k in sd if k.startswith("blocks.")), default=-1)
+    expected = _timm_keys(depth)
+    missing = [k for k in expected if k not in sd]
+    unexpected = sorted(set(sd) - set(expected))
+    if missing or unexpected:
+        raise GeometryError(
+            "vit_from_timm: the state dict does not match timm's vit_base_patch32_224 layout.\n"
+            f"  missing keys ({len(missing)}): {missing}\n  unexpected keys ({len(unexpected)}): {unexpected}\n"
+            "Variants with extra norms (e.g. CLIP's norm_pre or fc_norm) or without a class token are not supported."
+        )
+    d, C, p, _ = sd["patch_embed.proj.weight"].shape
+    n_tokens = sd["pos_embed"].shape[-2]
+    grid = math.isqrt(n_tokens - 1)
+    heads = d // 64 if heads is None else heads
+    if grid * grid != n_tokens - 1 or d % heads:
+        raise GeometryError(
+            f"vit_from_timm: pos_embed {sd['pos_embed'].shape} needs 1 + a square number of tokens and width {d} "
+            f"divisible by heads={heads}."
+        )
+    config = ViTConfig(
+        image_size=grid * p,
+        patch_size=p,
+        channels=C,
+        num_classes=sd["head.weight"].shape[0],
+        width=d,
+        depth=depth,
+        heads=heads,
+        mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0] if depth else 4 * d,
+        ln_eps=ln_eps,
+        gelu=gelu,
+    )
+    dh = d // heads
+    ref_shapes = jax.eval_shape(lambda k: init_vit(k, config), jax.random.PRNGKey(0))
+
+    def stack(fmt: str, fn) -> np.ndarray:
+        return np.stack([fn(sd[fmt.format(i)]) for i in range(depth)])
+
+    def qkv(which: int):
+        def weight(wt):  # (3d, d) -> (heads, d_in, dh)
+            return wt[which * d : (which + 1) * d].reshape(heads, dh, d).transpose(0, 2, 1)
+
+        def bias(b):
+            return b[which * d : (which + 1) * d].reshape(heads, dh)
+
+        return stack("blocks.{}.attn.qkv.weight", weight), stack("blocks.{}.attn.qkv.bias", bias)
+
+    (Wq, bq), (Wk, bk), (Wv, bv) = qkv(0), qkv(1), qkv(2)
+    ln = lambda name: {
+        "scale": stack(f"blocks.{{}}.{name}.weight", np.asarray),
+        "bias": stack(f"blocks.{{}}.{name}.bias", np.asarray),
+    }
+    params = {
+        "patch_embed": {
+            "kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0).reshape(p * p * C, d),
+            "bias": sd["patch_embed.proj.bias"],
+        },
+        "cls_token": sd["cls_token"].reshape(d),
+        "pos_embed": sd["pos_embed"].reshape(n_tokens, d),
+        "blocks": {
+            "ln1": ln("norm1"),
+            "attn": {
+                "W_q": Wq,
+                "b_q": bq,
+                "W_k": Wk,
+                "b_k": bk,
+                "W_v": Wv,
+                "b_v": bv,
+                "W_o": stack(
+                    "blocks.{}.attn.proj.weight", lambda wt: wt.reshape(d, heads, dh).transpose(1, 0, 2)
+                ),
+                "b_o": stack("blocks.{}.attn.proj.bias", np.asarray),
+            },
+            "ln2": ln("norm2"),
+            "mlp": {
+                "fc1": {
+                    "kernel": stack("blocks.{}.mlp.fc1.weight", np.transpose),
+                    "bias": stack("blocks.{}.mlp.fc1.bias", np.asarray),
+                },
+                "fc2": {
+                    "kernel": stack("blocks.{}.mlp.fc2.weight", np.transpose),
+                    "bias": stack("blocks.{}.mlp.fc2.bias", np.asarray),
+                },
+            },
+        },
+        "ln_final": {"scale": sd["norm.weight"], "bias": sd["norm.bias"]},
+        "head": {"kernel": sd["head.weight"].T, "bias": sd["head.bias"]},
+    }
+    got = jax.tree_util.tree_map(np.shape, params)
+    want = jax.tree_util.tree_map(lambda s: s.shape, ref_shapes)
+    if got != want:
+        raise GeometryError(f"vit_from_timm: converted shapes {got} differ from the config's {want}.")
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params), config
+
+
+def load_timm_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
+    """Read a timm ViT checkpoint file into a ``{name: numpy array}`` state dict (no network access).
+
+    Supports ``.safetensors`` (the format of timm's Hugging Face weights; needs the
+    ``safetensors`` package), ``.npz`` (``numpy.savez`` of a state dict), and ``.pth``/``.pt``/``.bin``
+    (``torch.save`` of a state dict, loaded with ``weights_only=True``; needs torch).  Pass the
+    result to :func:`vit_from_timm`.
+
+    Raises
+    ------
+    GeometryError
+        If the file does not exist, its suffix is unknown, or its package is not installed.
+    """
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        raise GeometryError(f"load_timm_checkpoint: no file at {path!r}.")
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix == ".npz":
+        with np.load(path, allow_pickle=False) as f:
+            return {k: f[k] for k in f.files}
+    if suffix == ".safetensors":
+        try:
+            from safetensors.numpy import load_file
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise GeometryError(
+                "load_timm_checkpoint: reading .safetensors needs `pip install safetensors`."
+            ) from e
+        return dict(load_file(path))
+    if suffix in (".pth", ".pt", ".bin"):
+        try:
+            import torch
+        except ImportError as e:  # pragma: no cover - depends on the environment
+            raise GeometryError(
+                f"load_timm_checkpoint: reading {suffix} files needs PyTorch (`pip install torch`)."
+            ) from e
+        sd = torch.load(path, map_location="cpu", weights_only=True)
+        sd = sd.get("state_dict", sd) if isinstance(sd, dict) else sd
+        return {k: _to_numpy(v) for k, v in sd.items()}
+    raise GeometryError(
+        f"load_timm_checkpoint: unknown checkpoint format {suffix!r}; use .safetensors, .npz, .pth, .pt or .bin."
+    )

@@ -1,0 +1,323 @@
+"""Tests of minigeo.models.vit: forward against a naive loop implementation, the symmetry spec,
+GL(h) invariance of geodesic sharpness on the ViT, checkpoint loading and error paths."""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import random_invertible, rng
+from scipy.special import erf
+
+import minigeo as mg
+import minigeo.models as mm
+
+TOY = mm.ViTConfig(
+    image_size=8, patch_size=2, channels=1, num_classes=5, width=12, depth=2, heads=3, mlp_dim=16
+)
+
+
+def randomized_params(config, seed=0, dtype=jnp.float64):
+    """Random parameters with every leaf perturbed (non-zero biases, non-unit LayerNorm scales)."""
+    params = mm.init_vit(jax.random.PRNGKey(seed), config, dtype=dtype)
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    r = rng(seed + 100)
+    leaves = [x + jnp.asarray(0.3 * r.normal(size=x.shape), dtype) for x in leaves]
+    return jax.tree_util.tree_unflatten(treedef, leaves)
+
+
+def naive_vit(params, images, c):
+    """Textbook ViT in numpy float64: fused-head matrices, explicit loops over layers, heads and tokens."""
+    P = jax.tree_util.tree_map(np.asarray, params)
+    B = images.shape[0]
+    p, dh = c.patch_size, c.head_dim
+    g = c.image_size // p
+    out = []
+    for b in range(B):
+        tokens = [P["cls_token"]]
+        for i in range(g):
+            for j in range(g):
+                patch = images[b, i * p : (i + 1) * p, j * p : (j + 1) * p, :].reshape(
+                    -1
+                )  # (kh, kw, c) order
+                tokens.append(patch @ P["patch_embed"]["kernel"] + P["patch_embed"]["bias"])
+        z = np.stack(tokens) + P["pos_embed"]
+
+        def ln(x, s, t):
+            mu = x.mean(-1, keepdims=True)
+            return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + c.ln_eps) * s + t
+
+        for layer in range(c.depth):
+            blk = jax.tree_util.tree_map(lambda x: x[layer], P["blocks"])
+            a = blk["attn"]
+            x = ln(z, blk["ln1"]["scale"], blk["ln1"]["bias"])
+            # fused (d, d) projections as in a standard implementation, then split into heads
+            Wq = np.concatenate(list(a["W_q"]), axis=1)
+            Wk = np.concatenate(list(a["W_k"]), axis=1)
+            Wv = np.concatenate(list(a["W_v"]), axis=1)
+            Wo = np.concatenate(list(a["W_o"]), axis=1)  # (d_out, heads*dh)
+            q, k, v = (
+                x @ Wq + a["b_q"].reshape(-1),
+                x @ Wk + a["b_k"].reshape(-1),
+                x @ Wv + a["b_v"].reshape(-1),
+            )
+            heads = []
+            for h in range(c.heads):
+                sl = slice(h * dh, (h + 1) * dh)
+                s = q[:, sl] @ k[:, sl].T / math.sqrt(dh)
+                s = np.exp(s - s.max(-1, keepdims=True))
+                heads.append((s / s.sum(-1, keepdims=True)) @ v[:, sl])
+            z = z + np.concatenate(heads, axis=1) @ Wo.T + a["b_o"]
+            y = (
+                ln(z, blk["ln2"]["scale"], blk["ln2"]["bias"]) @ blk["mlp"]["fc1"]["kernel"]
+                + blk["mlp"]["fc1"]["bias"]
+            )
+            y = 0.5 * y * (1 + erf(y / math.sqrt(2)))
+            z = z + y @ blk["mlp"]["fc2"]["kernel"] + blk["mlp"]["fc2"]["bias"]
+        cls = ln(z, P["ln_final"]["scale"], P["ln_final"]["bias"])[0]
+        out.append(cls @ P["head"]["kernel"] + P["head"]["bias"])
+    return np.stack(out)
+
+
+def test_forward_matches_naive_implementation():
+    params = randomized_params(TOY)
+    images = rng(1).normal(size=(3, 8, 8, 1))
+    np.testing.assert_allclose(
+        mm.vit_apply(params, images, TOY), naive_vit(params, images, TOY), rtol=1e-10, atol=1e-12
+    )
+
+
+def test_tanh_gelu_is_close_but_different():
+    params = randomized_params(TOY)
+    images = jnp.asarray(rng(2).normal(size=(2, 8, 8, 1)))
+    exact = mm.vit_apply(params, images, TOY)
+    approx = mm.vit_apply(params, images, TOY._replace(gelu="tanh"))
+    assert 0 < float(jnp.max(jnp.abs(exact - approx))) < 1e-2 * float(jnp.max(jnp.abs(exact)))
+
+
+def test_vit_b32_has_timms_parameter_count():
+    # timm's vit_base_patch32_224 has 88,224,232 parameters
+    assert mm.vit_num_params(mm.vit_b32_config()) == 88_224_232
+    shapes = jax.eval_shape(lambda k: mm.init_vit(k, mm.vit_b32_config()), jax.random.PRNGKey(0))
+    assert shapes["blocks"]["attn"]["W_q"].shape == (12, 12, 768, 64)
+    assert shapes["pos_embed"].shape == (50, 768)
+
+
+def test_spec_covers_every_attention_weight_exactly_once():
+    params = mm.init_vit(jax.random.PRNGKey(0), TOY)
+    spec = mm.vit_symmetry_spec(params)
+    paths = [tuple(k.key for k in path) for path, _ in jax.tree_util.tree_leaves_with_path(params)]
+    covered = [i for pair in spec.pairs for side in pair for i in side]
+    assert len(covered) == len(set(covered))
+    named = {paths[i][-1] for i in covered}
+    assert named == {
+        "W_q",
+        "b_q",
+        "W_k",
+        "b_k",
+        "W_v",
+        "b_v",
+        "W_o",
+    }  # b_o is shared by the heads: no symmetry
+    assert all(paths[i][:2] == ("blocks", "attn") for i in covered)
+    # sides: (W_q + b_q, W_k + b_k) and (W_v + b_v, W_o)
+    assert sorted(len(side) for pair in spec.pairs for side in pair) == [1, 2, 2, 2]
+
+
+def act_per_head(params, A_qk, A_vo, d_ln2, d_final):
+    """Random per-head GL(dh) elements on (q, k) and (v, o), plus GL(1) rescalings of LayerNorm channels
+    that the following linear layer undoes (LN2 -> fc1 and the final LN -> head)."""
+    inv, T = jnp.linalg.inv, lambda M: jnp.swapaxes(M, -1, -2)
+    out = jax.tree_util.tree_map(lambda x: x, params)
+    a = dict(params["blocks"]["attn"])
+    a["W_q"], a["b_q"] = a["W_q"] @ inv(A_qk), jnp.einsum("lhe,lhef->lhf", a["b_q"], inv(A_qk))
+    a["W_k"], a["b_k"] = a["W_k"] @ T(A_qk), jnp.einsum("lhe,lhfe->lhf", a["b_k"], A_qk)
+    a["W_v"], a["b_v"] = a["W_v"] @ inv(A_vo), jnp.einsum("lhe,lhef->lhf", a["b_v"], inv(A_vo))
+    a["W_o"] = a["W_o"] @ T(A_vo)
+    blocks = dict(params["blocks"], attn=a)
+    blocks["ln2"] = {
+        "scale": params["blocks"]["ln2"]["scale"] * d_ln2,
+        "bias": params["blocks"]["ln2"]["bias"] * d_ln2,
+    }
+    fc1 = params["blocks"]["mlp"]["fc1"]
+    blocks["mlp"] = dict(
+        params["blocks"]["mlp"], fc1={"kernel": fc1["kernel"] / d_ln2[..., None], "bias": fc1["bias"]}
+    )
+    out["blocks"] = blocks
+    out["ln_final"] = {k: v * d_final for k, v in params["ln_final"].items()}
+    out["head"] = {"kernel": params["head"]["kernel"] / d_final[:, None], "bias": params["head"]["bias"]}
+    return out
+
+
+def test_geodesic_sharpness_gl_h_invariant_on_vit_adaptive_not():
+    c = TOY
+    params = randomized_params(c, seed=3)
+    r = rng(4)
+    images = jnp.asarray(r.normal(size=(2, 6, 8, 8, 1)))
+    labels = jnp.asarray(r.integers(0, c.num_classes, size=(2, 6)))
+    loss = lambda p, b: mm.cross_entropy(mm.vit_apply(p, b[0], c), b[1])
+    shape = (c.depth, c.heads)
+    A_qk = jnp.stack([random_invertible(r, c.head_dim) * 2.0 for _ in range(math.prod(shape))]).reshape(
+        shape + (4, 4)
+    )
+    A_vo = jnp.stack([random_invertible(r, c.head_dim) * 0.5 for _ in range(math.prod(shape))]).reshape(
+        shape + (4, 4)
+    )
+    d_ln2 = jnp.asarray(r.uniform(0.3, 3.0, size=(c.depth, c.width)))
+    d_final = jnp.asarray(r.uniform(0.3, 3.0, size=c.width))
+    moved = act_per_head(params, A_qk, A_vo, d_ln2, d_final)
+    np.testing.assert_allclose(
+        mm.vit_apply(moved, images[0], c), mm.vit_apply(params, images[0], c), rtol=1e-9, atol=1e-10
+    )
+
+    spec = mm.vit_symmetry_spec(params)
+    g1 = mg.geodesic_sharpness(
+        loss, params, (images, labels), spec, 0.05, key=jax.random.PRNGKey(0), n_iter=8
+    )
+    g2 = mg.geodesic_sharpness(loss, moved, (images, labels), spec, 0.05, key=jax.random.PRNGKey(0), n_iter=8)
+    assert float(g1.sharpness) > 0
+    np.testing.assert_allclose(g2.per_batch, g1.per_batch, rtol=1e-7)
+    a1 = mg.adaptive_sharpness(loss, params, (images, labels), 0.05, key=jax.random.PRNGKey(0), n_iter=8)
+    a2 = mg.adaptive_sharpness(loss, moved, (images, labels), 0.05, key=jax.random.PRNGKey(0), n_iter=8)
+    assert abs(float(a2.sharpness - a1.sharpness)) > 1e-2 * abs(float(a1.sharpness))
+    # GL(1) rescalings alone (no attention move) leave adaptive sharpness unchanged too
+    only_gl1 = act_per_head(
+        params,
+        jnp.broadcast_to(jnp.eye(4), A_qk.shape),
+        jnp.broadcast_to(jnp.eye(4), A_vo.shape),
+        d_ln2,
+        d_final,
+    )
+    a3 = mg.adaptive_sharpness(loss, only_gl1, (images, labels), 0.05, key=jax.random.PRNGKey(0), n_iter=8)
+    np.testing.assert_allclose(a3.per_batch, a1.per_batch, rtol=1e-7)
+
+
+def to_timm_state_dict(params, c):
+    """Write minigeo's layout in timm's names (fused qkv, transposed linear weights, conv patch kernel)."""
+    P = jax.tree_util.tree_map(np.asarray, params)
+    d, p, C = c.width, c.patch_size, c.channels
+    sd = {
+        "cls_token": P["cls_token"].reshape(1, 1, d),
+        "pos_embed": P["pos_embed"][None],
+        "patch_embed.proj.weight": P["patch_embed"]["kernel"].reshape(p, p, C, d).transpose(3, 2, 0, 1),
+        "patch_embed.proj.bias": P["patch_embed"]["bias"],
+        "norm.weight": P["ln_final"]["scale"],
+        "norm.bias": P["ln_final"]["bias"],
+        "head.weight": P["head"]["kernel"].T,
+        "head.bias": P["head"]["bias"],
+    }
+    for i in range(c.depth):
+        b = jax.tree_util.tree_map(lambda x: x[i], P["blocks"])
+        a = b["attn"]
+        fused = lambda W: np.concatenate([w.T for w in W], axis=0)  # heads of (d, dh) -> (d, d) rows
+        sd[f"blocks.{i}.attn.qkv.weight"] = np.concatenate(
+            [fused(a["W_q"]), fused(a["W_k"]), fused(a["W_v"])]
+        )
+        sd[f"blocks.{i}.attn.qkv.bias"] = np.concatenate(
+            [a["b_q"].reshape(-1), a["b_k"].reshape(-1), a["b_v"].reshape(-1)]
+        )
+        sd[f"blocks.{i}.attn.proj.weight"] = np.concatenate(list(a["W_o"]), axis=1)
+        sd[f"blocks.{i}.attn.proj.bias"] = a["b_o"]
+        for ours, theirs in (("ln1", "norm1"), ("ln2", "norm2")):
+            sd[f"blocks.{i}.{theirs}.weight"], sd[f"blocks.{i}.{theirs}.bias"] = (
+                b[ours]["scale"],
+                b[ours]["bias"],
+            )
+        for fc in ("fc1", "fc2"):
+            sd[f"blocks.{i}.mlp.{fc}.weight"] = b["mlp"][fc]["kernel"].T
+            sd[f"blocks.{i}.mlp.{fc}.bias"] = b["mlp"][fc]["bias"]
+    return sd
+
+
+def test_converter_inverts_timm_layout_and_loads_files(tmp_path):
+    c = TOY._replace(heads=3)
+    params = randomized_params(c, seed=5)
+    sd = to_timm_state_dict(params, c)
+    back, cfg = mm.vit_from_timm(sd, heads=3, dtype=jnp.float64)
+    assert cfg == c
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(a, b), back, params)
+    np.savez(tmp_path / "vit.npz", **sd)
+    loaded = mm.load_timm_checkpoint(tmp_path / "vit.npz")
+    assert sorted(loaded) == sorted(sd)
+    back2, _ = mm.vit_from_timm(loaded, heads=3, dtype=jnp.float64)
+    jax.tree_util.tree_map(lambda a, b: np.testing.assert_array_equal(a, b), back2, params)
+
+
+def test_converter_and_loader_errors(tmp_path):
+    c = TOY
+    sd = to_timm_state_dict(randomized_params(c), c)
+    broken = dict(sd)
+    del broken["blocks.1.mlp.fc2.bias"]
+    broken["blocks.1.attn.q_norm.weight"] = np.ones(4)
+    with pytest.raises(mg.GeometryError, match=r"missing keys \(1\): \['blocks.1.mlp.fc2.bias'\]") as err:
+        mm.vit_from_timm(broken, heads=3)
+    assert "unexpected keys (1): ['blocks.1.attn.q_norm.weight']" in str(err.value)
+    with pytest.raises(mg.GeometryError, match="not a timm VisionTransformer"):
+        mm.vit_from_timm({"fc.weight": np.ones((2, 2))})
+    with pytest.raises(mg.GeometryError, match="divisible by heads=5"):
+        mm.vit_from_timm(sd, heads=5)
+    with pytest.raises(mg.GeometryError, match="no file at"):
+        mm.load_timm_checkpoint(tmp_path / "missing.safetensors")
+    (tmp_path / "w.h5").write_bytes(b"")
+    with pytest.raises(mg.GeometryError, match="unknown checkpoint format '.h5'"):
+        mm.load_timm_checkpoint(tmp_path / "w.h5")
+
+
+def test_model_errors():
+    with pytest.raises(mg.GeometryError, match="no attention layer"):
+        mm.vit_symmetry_spec({"dense": {"kernel": jnp.ones((3, 2)), "bias": jnp.ones(2)}})
+    with pytest.raises(mg.GeometryError, match="multiple of patch_size"):
+        mm.init_vit(jax.random.PRNGKey(0), TOY._replace(patch_size=3))
+    with pytest.raises(mg.GeometryError, match="divisible by heads"):
+        mm.init_vit(jax.random.PRNGKey(0), TOY._replace(heads=5))
+    with pytest.raises(mg.GeometryError, match="gelu must be"):
+        mm.init_vit(jax.random.PRNGKey(0), TOY._replace(gelu="relu"))
+    params = mm.init_vit(jax.random.PRNGKey(0), TOY)
+    with pytest.raises(mg.GeometryError, match=r"channels last.*transpose\(0, 2, 3, 1\)"):
+        mm.vit_apply(params, jnp.ones((2, 1, 8, 8)), TOY)
+
+
+def test_training_helpers_against_closed_forms():
+    logits = jnp.asarray(rng(6).normal(size=(5, 4)))
+    labels = jnp.array([0, 1, 2, 3, 0])
+    manual = -np.mean([jax.nn.log_softmax(logits[i])[labels[i]] for i in range(5)])
+    np.testing.assert_allclose(mm.cross_entropy(logits, labels), manual, rtol=1e-12)
+    with pytest.raises(mg.GeometryError, match="disagree on the batch shape"):
+        mm.cross_entropy(logits, labels[:3])
+    apply = lambda p, x: x
+    np.testing.assert_allclose(
+        mm.error_rate(apply, None, logits, labels, batch_size=2), np.mean(np.argmax(logits, -1) != labels)
+    )
+    # least squares by Adam with lax.scan epochs converges to the normal-equations solution
+    import optax
+
+    X = jnp.asarray(rng(7).normal(size=(64, 3)))
+    y = X @ jnp.array([1.0, -2.0, 0.5])
+    loss = lambda w, b: jnp.mean((b[0] @ w - b[1]) ** 2)
+    opt = optax.adam(0.05)
+    w, _, losses = mm.train_epochs(
+        jax.random.PRNGKey(0),
+        jnp.zeros(3),
+        opt.init(jnp.zeros(3)),
+        (X, y),
+        loss_fn=loss,
+        optimizer=opt,
+        epochs=200,
+        batch_size=16,
+    )
+    np.testing.assert_allclose(w, [1.0, -2.0, 0.5], atol=1e-3)
+    assert losses.shape == (200,) and float(losses[-1]) < float(losses[0])
+    with pytest.raises(mg.GeometryError, match="exceeds the 64 training examples"):
+        mm.train_epochs(
+            jax.random.PRNGKey(0),
+            jnp.zeros(3),
+            opt.init(jnp.zeros(3)),
+            (X, y),
+            loss_fn=loss,
+            optimizer=opt,
+            epochs=1,
+            batch_size=100,
+        )
