@@ -8,7 +8,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu
+# test-only extras: torch/torchvision/timm for the timm parity test of minigeo.models.vit
+.venv/bin/python -m pip install --quiet -r requirements-parity.txt
+export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_REQUIRE_TIMM=1
 
 if ! command -v chromium >/dev/null 2>&1; then
   echo "test: installing Debian's chromium for the rendered-book check"
