@@ -93,7 +93,7 @@ def _grams(G: jax.Array, H: jax.Array, eps: float) -> tuple[jax.Array, jax.Array
     Q = _mT(H) @ H + eps * eye
     if is_concrete(P, Q):
         for name, M in (("G^T G", P), ("H^T H", Q)):
-            ev = jnp.linalg.eigvalsh(M)
+            ev = _map_matrices(jnp.linalg.eigvalsh, M)
             if bool(jnp.any(ev[..., 0] <= 1e-12 * jnp.maximum(ev[..., -1], 1e-300))):
                 raise GeometryError(
                     f"{name} (+ eps I) is singular: the pair is not of full column rank h (paper 004, Assumption 5.1). "
@@ -116,17 +116,38 @@ class PairFactors(NamedTuple):
     d: jax.Array
 
 
+def _map_matrices(fn, *arrays: jax.Array):
+    """Apply ``fn`` to one matrix (or matrix tuple) at a time over the leading batch axes, with ``lax.map``.
+
+    Batched LAPACK calls (``eigh``, ``inv``) over many heads and layers have been seen to hang
+    XLA's CPU runtime (jax 0.10, e.g. a (12, 12, 65, 65) ``eigh`` at ViT-B/32 shape); one matrix
+    at a time is safe and, for these small matrices, as fast.
+    """
+    batch = arrays[0].shape[:-2]
+    if not batch:
+        return fn(*arrays)
+    flat = [a.reshape((-1,) + a.shape[-2:]) for a in arrays]
+    out = jax.lax.map(lambda xs: fn(*xs), tuple(flat))
+    return jax.tree_util.tree_map(lambda o: o.reshape(batch + o.shape[1:]), out)
+
+
+def _factor_one(P: jax.Array, Q: jax.Array):
+    w, U = jnp.linalg.eigh(P)
+    sqrt_w = jnp.sqrt(w)
+    P_half = (U * sqrt_w[None, :]) @ U.T
+    P_mhalf = (U / sqrt_w[None, :]) @ U.T
+    d, V0 = jnp.linalg.eigh(P_half @ Q @ P_half)
+    P_inv = (U / w[None, :]) @ U.T
+    wq, Uq = jnp.linalg.eigh(Q)
+    Q_inv = (Uq / wq[None, :]) @ Uq.T
+    return P_inv, Q_inv, P_half @ V0, V0.T @ P_mhalf, d
+
+
 def pair_factors(G: jax.Array, H: jax.Array, eps: float = 0.0) -> PairFactors:
     """Factorize metric (15) at (G, H): Gram matrices, their inverses, and the eigendecomposition of PQ."""
     P, Q = _grams(G, H, eps)
-    w, U = jnp.linalg.eigh(P)
-    sqrt_w = jnp.sqrt(w)
-    P_half = (U * sqrt_w[..., None, :]) @ _mT(U)
-    P_mhalf = (U / sqrt_w[..., None, :]) @ _mT(U)
-    d, V0 = jnp.linalg.eigh(P_half @ Q @ P_half)
-    P_inv = (U / w[..., None, :]) @ _mT(U)
-    Q_inv = jnp.linalg.inv(Q)
-    return PairFactors(G, H, P, Q, P_inv, Q_inv, P_half @ V0, _mT(V0) @ P_mhalf, d)
+    P_inv, Q_inv, V, V_inv, d = _map_matrices(_factor_one, P, Q)
+    return PairFactors(G, H, P, Q, P_inv, Q_inv, V, V_inv, d)
 
 
 def metric_with(f: PairFactors, eta: Pair, zeta: Pair) -> jax.Array:
@@ -149,7 +170,8 @@ def christoffel_with(f: PairFactors, xi: Pair) -> Pair:
     """Gamma(xi, xi) of eq. (43) from precomputed factors."""
 
     def part(M, S_inv, x):
-        return -x @ (S_inv @ (_mT(x) @ M + _mT(M) @ x)) + M @ (S_inv @ (_mT(x) @ x))
+        A = _mT(x) @ M  # x^T M + M^T x = A + A^T: one product with the tall matrices instead of two
+        return -x @ (S_inv @ (A + _mT(A))) + M @ (S_inv @ (_mT(x) @ x))
 
     return part(f.G, f.P_inv, xi[0]), part(f.H, f.Q_inv, xi[1])
 

@@ -19,7 +19,9 @@ if os.environ.get("MINIGEO_REQUIRE_TIMM") == "1":
     import timm
     import torch
 else:
-    timm = pytest.importorskip("timm", reason="timm parity tests need `pip install -r requirements-parity.txt`")
+    timm = pytest.importorskip(
+        "timm", reason="timm parity tests need `pip install -r requirements-parity.txt`"
+    )
     torch = pytest.importorskip("torch")
 
 
@@ -56,7 +58,14 @@ def test_small_timm_vit_and_checkpoint_files_match(tmp_path):
 
     torch.manual_seed(2)
     model = timm.models.vision_transformer.VisionTransformer(
-        img_size=16, patch_size=4, in_chans=3, num_classes=7, embed_dim=48, depth=2, num_heads=4, mlp_ratio=2.0
+        img_size=16,
+        patch_size=4,
+        in_chans=3,
+        num_classes=7,
+        embed_dim=48,
+        depth=2,
+        num_heads=4,
+        mlp_ratio=2.0,
     )
     model = perturbed(model, seed=3)
     images = np.random.default_rng(1).normal(size=(3, 3, 16, 16)).astype(np.float32)

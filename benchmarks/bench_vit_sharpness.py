@@ -1,0 +1,120 @@
+#!/usr/bin/env python
+"""Geodesic vs adaptive sharpness on minigeo's vision transformer, at the capstone's small size and at ViT-B/32 shape.
+
+In one process, for one model size and batch: the time of one Auto-PGD iteration of geodesic and of
+adaptive sharpness (runs of N and 2N iterations after compilation; the difference divided by N, so
+initialization and the final evaluation cancel), their ratio, the share of a geodesic iteration spent
+in the horizontal projections (the batched Sylvester solves of every head and layer, from the
+per-search factorization), the one-off factorization itself, and the peak memory (GPU: the device's
+peak bytes in use; CPU: the process's peak resident set).  Targets: ratio <= 1.2 at ViT-B/32 shape.
+
+Usage:
+  python benchmarks/bench_vit_sharpness.py --model b32 --batch 2 --iters 2      # CPU (minutes)
+  python benchmarks/bench_vit_sharpness.py --model b32 --batch 256 --iters 5    # GPU, paper 004's batch
+  python benchmarks/bench_vit_sharpness.py --model small --batch 128 --iters 10
+"""
+
+from __future__ import annotations
+
+import argparse
+import resource
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import jax
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import describe_machine, median_time  # noqa: E402
+
+import minigeo as mg  # noqa: E402
+import minigeo.models as mm  # noqa: E402
+from minigeo.quotient import horizontal_with  # noqa: E402
+from minigeo.sharpness import _Geometry  # noqa: E402
+
+TARGET = 1.2
+SMALL = mm.ViTConfig(
+    image_size=8, patch_size=4, channels=1, num_classes=10, width=32, depth=2, heads=4, mlp_dim=64
+)
+
+
+def per_iteration(run, iters: int, repeats: int) -> float:
+    jax.block_until_ready(run(iters))
+    jax.block_until_ready(run(2 * iters))
+    times = {}
+    for n in (iters, 2 * iters):
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(run(n))
+            samples.append(time.perf_counter() - t0)
+        times[n] = statistics.median(samples)
+    return (times[2 * iters] - times[iters]) / iters
+
+
+def peak_memory() -> str:
+    stats = jax.devices()[0].memory_stats() or {}
+    if "peak_bytes_in_use" in stats:
+        return f"device peak {stats['peak_bytes_in_use'] / 2**30:.2f} GiB"
+    return f"process peak RSS {resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20:.2f} GiB"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", choices=["small", "b32"], default="b32")
+    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--iters", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=2)
+    args = parser.parse_args()
+
+    config = mm.vit_b32_config() if args.model == "b32" else SMALL
+    key = jax.random.PRNGKey(0)
+    params = mm.init_vit(key, config)
+    size = config.image_size
+    images = jax.random.normal(key, (1, args.batch, size, size, config.channels))
+    labels = jax.random.randint(key, (1, args.batch), 0, config.num_classes)
+    batches = (images, labels)
+    loss = lambda p, b: mm.cross_entropy(mm.vit_apply(p, b[0], config), b[1])
+    spec = mm.vit_symmetry_spec(params, eps=1e-6)
+    print(describe_machine())
+    print(
+        f"{args.model}: {mm.vit_num_params(config):,} parameters, {config.depth} layers x {config.heads} heads "
+        f"-> {2 * config.depth * config.heads} GL({config.head_dim}) pairs; batch {args.batch}"
+    )
+
+    grad = jax.jit(jax.grad(loss))
+    t_grad = median_time(grad, params, (images[0], labels[0]), repeats=args.repeats, warmup=1)
+    t_ada = per_iteration(
+        lambda n: mg.adaptive_sharpness(loss, params, batches, 0.05, key=key, n_iter=n).sharpness,
+        args.iters,
+        args.repeats,
+    )
+    t_geo = per_iteration(
+        lambda n: mg.geodesic_sharpness(loss, params, batches, spec, 0.05, key=key, n_iter=n).sharpness,
+        args.iters,
+        args.repeats,
+    )
+
+    geometry = _Geometry(spec, True)
+    w = jax.tree_util.tree_leaves(params)
+    factors = jax.jit(geometry.factors)
+    fac = factors(w)
+    project = jax.jit(lambda fac, g: [horizontal_with(f, m) for f, m in zip(fac, geometry.matrices(g))])
+    t_fac = median_time(factors, w, repeats=args.repeats, warmup=1)
+    t_proj = median_time(project, fac, w, repeats=max(args.repeats, 5), warmup=1)
+
+    print(f"  gradient                      {t_grad:9.4f} s")
+    print(f"  adaptive Auto-PGD iteration   {t_ada:9.4f} s")
+    print(f"  geodesic Auto-PGD iteration   {t_geo:9.4f} s   ratio {t_geo / t_ada:.2f} (target <= {TARGET})")
+    print(
+        f"  horizontal projections (Sylvester solves) per iteration {t_proj:.4f} s = {100 * t_proj / t_geo:.1f} % of a geodesic iteration"
+    )
+    print(f"  per-search factorization of metric (15) (once)  {t_fac:.4f} s")
+    print(f"  {peak_memory()}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
