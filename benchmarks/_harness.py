@@ -30,6 +30,22 @@ def median_time(fn: Callable, *args, repeats: int = 20, warmup: int = 3) -> floa
     return statistics.median(times)
 
 
+def per_iteration(run: Callable[[int], object], iters: int, repeats: int = 5) -> float:
+    """Seconds per iteration of ``run(n_iter)``: the median times of ``run(iters)`` and ``run(2 * iters)``
+    after compilation, differenced and divided by ``iters`` (set-up and final evaluation cancel)."""
+    jax.block_until_ready(run(iters))
+    jax.block_until_ready(run(2 * iters))
+    times = {}
+    for n in (iters, 2 * iters):
+        samples = []
+        for _ in range(repeats):
+            t0 = time.perf_counter()
+            jax.block_until_ready(run(n))
+            samples.append(time.perf_counter() - t0)
+        times[n] = statistics.median(samples)
+    return (times[2 * iters] - times[iters]) / iters
+
+
 def describe_machine() -> str:
     dev = jax.devices()[0]
     return f"jax {jax.__version__}, backend {jax.default_backend()} ({dev.device_kind}), python {platform.python_version()}"

@@ -26,6 +26,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import (  # noqa: E402
     describe_machine,
     n_params,
+    per_iteration,
     run_in_processes,  # noqa: E402
     tiny_vit_heads,
 )
@@ -33,20 +34,6 @@ from _harness import (  # noqa: E402
 import minigeo as mg  # noqa: E402
 
 TARGET = 1.3
-
-
-def per_iteration(run, iters: int, repeats: int = 5) -> float:
-    jax.block_until_ready(run(iters))
-    jax.block_until_ready(run(2 * iters))
-    times = {}
-    for n in (iters, 2 * iters):
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(run(n))
-            samples.append(time.perf_counter() - t0)
-        times[n] = statistics.median(samples)
-    return (times[2 * iters] - times[iters]) / iters
 
 
 def measure(iters: int) -> dict:

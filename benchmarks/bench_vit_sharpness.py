@@ -18,16 +18,14 @@ from __future__ import annotations
 
 import argparse
 import resource
-import statistics
 import sys
-import time
 from pathlib import Path
 
 import jax
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import describe_machine, median_time  # noqa: E402
+from _harness import describe_machine, median_time, per_iteration  # noqa: E402
 
 import minigeo as mg  # noqa: E402
 import minigeo.models as mm  # noqa: E402
@@ -38,20 +36,6 @@ TARGET = 1.2
 SMALL = mm.ViTConfig(
     image_size=8, patch_size=4, channels=1, num_classes=10, width=32, depth=2, heads=4, mlp_dim=64
 )
-
-
-def per_iteration(run, iters: int, repeats: int) -> float:
-    jax.block_until_ready(run(iters))
-    jax.block_until_ready(run(2 * iters))
-    times = {}
-    for n in (iters, 2 * iters):
-        samples = []
-        for _ in range(repeats):
-            t0 = time.perf_counter()
-            jax.block_until_ready(run(n))
-            samples.append(time.perf_counter() - t0)
-        times[n] = statistics.median(samples)
-    return (times[2 * iters] - times[iters]) / iters
 
 
 def peak_memory() -> str:

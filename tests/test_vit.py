@@ -298,26 +298,18 @@ def test_training_helpers_against_closed_forms():
     y = X @ jnp.array([1.0, -2.0, 0.5])
     loss = lambda w, b: jnp.mean((b[0] @ w - b[1]) ** 2)
     opt = optax.adam(0.05)
-    w, _, losses = mm.train_epochs(
+    fit = lambda epochs, batch_size: mm.train_epochs(
         jax.random.PRNGKey(0),
         jnp.zeros(3),
         opt.init(jnp.zeros(3)),
         (X, y),
         loss_fn=loss,
         optimizer=opt,
-        epochs=200,
-        batch_size=16,
+        epochs=epochs,
+        batch_size=batch_size,
     )
+    w, _, losses = fit(200, 16)
     np.testing.assert_allclose(w, [1.0, -2.0, 0.5], atol=1e-3)
     assert losses.shape == (200,) and float(losses[-1]) < float(losses[0])
     with pytest.raises(mg.GeometryError, match="exceeds the 64 training examples"):
-        mm.train_epochs(
-            jax.random.PRNGKey(0),
-            jnp.zeros(3),
-            opt.init(jnp.zeros(3)),
-            (X, y),
-            loss_fn=loss,
-            optimizer=opt,
-            epochs=1,
-            batch_size=100,
-        )
+        fit(1, 100)
