@@ -24,6 +24,8 @@ Modules (floors: a module imports only from floors below it)
 * floor 4 :mod:`minigeo.models` (imported as ``minigeo.models``, names not re-exported
   here): a vision transformer with its symmetry specification and timm converter, and
   training helpers (chapter 7).
+* floor 4 :mod:`minigeo.assignments` (imported as ``minigeo.assignments``, names not
+  re-exported here): automatic checks for the assignment notebooks of chapters 1, 4 and 6.
 * floor 4 :mod:`minigeo.densities`: Lebesgue and volume-form densities, the
   Laplace evidence (dense and stochastic Lanczos quadrature), weight norm
   (chapter 5).
@@ -46,7 +48,7 @@ from .sharpness import *  # noqa: F403
 
 del dense  # noqa: F821  (re-exported as dense_metric)
 
-from . import models  # noqa: E402  (floor 4: imports sharpness)
+from . import assignments, models  # noqa: E402  (floor 4: import the floors below)
 
 __version__ = "0.1.0"
 
@@ -65,4 +67,5 @@ __all__ = [
     *sharpness.__all__,
     *parallel.__all__,
     "models",
+    "assignments",
 ]

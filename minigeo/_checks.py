@@ -38,6 +38,21 @@ class GeometryError(ValueError):
     metrics that are not symmetric positive definite, points outside the domain
     of a reparametrization, and non-invertible maps.  The message always says
     what was wrong and how to fix it.
+
+    References
+    ----------
+    No formula from the source papers: the error every validation in minigeo raises. Used in every
+    chapter.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> try:
+    ...     mg.sharp(-jnp.eye(2), jnp.ones(2))  # an indefinite "metric"
+    ... except mg.GeometryError as err:
+    ...     print("GeometryError:", str(err)[:40])
+    GeometryError: ...
     """
 
 

@@ -67,6 +67,9 @@ __all__ = [
 
 #: A metric (or bilinear form) at one point: a dense ``d x d`` array over the
 #: flattened coordinates, or a linear map ``v -> G v`` on pytrees (matrix-free).
+#: What a metric (or any symmetric bilinear form) argument accepts: a dense ``(d, d)`` matrix over the
+#: flattened parameters, or a matrix-free product ``v -> G v`` on pytrees (e.g. a :class:`Metric`'s ``mv``
+#: at a point).  Kristiadi, Dangel & Hennig (2023), Sec. 2.2.  Taught in chapters 1 and 2.
 MetricLike = Union[jax.Array, np.ndarray, Callable[[PyTree], PyTree]]
 
 Predicate = Callable[[PyTree], Any]
@@ -98,6 +101,11 @@ class Reparametrization:
     invertible on the domain; paper 000, Sec. 2.2 calls such a map a
     reparametrization.  Points and objects may be 1-D arrays or pytrees; the
     output of ``forward`` may have a different pytree structure from its input.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a reparametrization is a diffeomorphism of
+    parameter space). Taught in chapter 1, *Vectors vs covectors*.
 
     Examples
     --------
@@ -288,6 +296,11 @@ def transform_function(phi: Reparametrization, h: Callable[[PyTree], Any]) -> Ca
     function itself, whose value at :math:`\psi = \varphi(\theta)` is
     :math:`h(\theta)`.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, transformation rule (a). Taught in chapter 1,
+    *Vectors vs covectors*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -304,6 +317,11 @@ def transform_vector(phi: Reparametrization, theta: PyTree, v: PyTree) -> PyTree
 
     Computed by one ``jax.jvp`` through :math:`\varphi`; the result has the
     structure of :math:`\psi = \varphi(\theta)`.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (b); Grosse (2022), CSC2541 lecture 3
+    *Metrics* (pushforward). Taught in chapter 1, *Vectors vs covectors*.
 
     Examples
     --------
@@ -330,6 +348,11 @@ def transform_covector(phi: Reparametrization, theta: PyTree, omega: PyTree) -> 
     :math:`J^{-1}(\psi)` is the Jacobian of :math:`\varphi^{-1}`, so this is one
     ``jax.vjp`` through the inverse map, with no matrix inverse.  For a gradient
     this is the chain rule: :math:`\nabla_\psi (L\circ\varphi^{-1}) = J^{-\top}\nabla_\theta L`.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (c); Grosse (2022), CSC2541 lecture 3
+    *Metrics* (the gradient is a covector). Taught in chapter 1, *Vectors vs covectors*.
 
     Examples
     --------
@@ -387,6 +410,11 @@ def transform_metric(phi: Reparametrization, theta: PyTree, G: MetricLike) -> Me
     a callable ``u -> Ĝ u`` computed by ``jvp`` and ``vjp`` through
     :math:`\varphi^{-1}` (never forming :math:`J`).
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (d). Taught in chapters 1, *Vectors vs
+    covectors* and 2, *Pullback metrics*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -406,6 +434,11 @@ def transform_bilinear(phi: Reparametrization, theta: PyTree, B: MetricLike) -> 
     Same rule as :func:`transform_metric` but with no positive-definiteness
     requirement (paper 000, Sec. 2.2 (d) and Sec. 3.1).
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian as a bilinear form). Taught in chapter
+    4, *Invariant Hessians*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -420,6 +453,11 @@ def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike)
     r"""Transform a (1,1)-tensor such as :math:`E = G^{-1}H`: :math:`\hat E = J E J^{-1}` (paper 000, eq. 6).
 
     Its trace, determinant and eigenvalues are invariant.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A (the Hessian endomorphism transforms by
+    similarity). Taught in chapter 4, *Invariant Hessians*.
 
     Examples
     --------
@@ -459,6 +497,11 @@ def transform_metric_field(
     a ψ-point to the transformed dense metric.  Differentiable in ψ, so
     Christoffel symbols of the transformed metric can be taken by autodiff.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (d), applied at every point; Sec. 3.4. Taught
+    in chapter 2, *Pullback metrics*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -487,6 +530,11 @@ def pushforward(f: Callable[[PyTree], PyTree], x: PyTree, v: PyTree) -> PyTree:
     ``f`` need not be invertible (e.g. a network mapping parameters to outputs);
     one ``jax.jvp``, so :math:`J_f` is never formed.
 
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (pushforward of tangent vectors); Kristiadi, Dangel &
+    Hennig (2023), Sec. 2.2. Taught in chapter 1, *Vectors vs covectors*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -503,6 +551,11 @@ def pullback_covector(f: Callable[[PyTree], PyTree], x: PyTree, omega: PyTree) -
 
     This is backpropagation: one ``jax.vjp``.  ``omega`` must have the structure
     of ``f(x)``.
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (pullback of covectors, backpropagation); Kristiadi,
+    Dangel & Hennig (2023), Sec. 2.2. Taught in chapter 1, *Vectors vs covectors*.
 
     Examples
     --------
@@ -522,6 +575,11 @@ def pullback_covector(f: Callable[[PyTree], PyTree], x: PyTree, omega: PyTree) -
 def pair(omega: PyTree, v: PyTree) -> jax.Array:
     r"""The action of a covector on a vector, :math:`\omega(v) = \sum_i \omega_i v^i`; invariant under reparametrization.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a covector acting on a vector is invariant). Taught
+    in chapter 1, *Vectors vs covectors*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -535,6 +593,11 @@ def pair(omega: PyTree, v: PyTree) -> jax.Array:
 
 def inner(G: MetricLike, u: PyTree, v: PyTree) -> jax.Array:
     r"""The inner product :math:`\langle u, v\rangle_G = u^\top G v` of two vectors under a metric.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (the metric as an inner product on tangent spaces).
+    Taught in chapter 1, *Vectors vs covectors*.
 
     Examples
     --------
@@ -552,6 +615,11 @@ def flat(G: MetricLike, v: PyTree) -> PyTree:
 
     ``G`` is a dense matrix over the flattened coordinates of ``v`` or a callable
     ``v -> G v``.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (index lowering by the metric). Taught in chapter 1,
+    *Vectors vs covectors*.
 
     Examples
     --------
@@ -592,6 +660,12 @@ def sharp(
         :math:`\lambda \ge 0` added to the diagonal; use it for singular metrics.
     tol, maxiter
         Conjugate-gradient relative tolerance and iteration limit (matrix-free only).
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 and eq. (2) (the gradient vector is the metric's
+    sharp of the differential); Grosse (2022), CSC2541 lecture 3 *Metrics*. Taught in chapter 1,
+    *Vectors vs covectors*.
 
     Examples
     --------

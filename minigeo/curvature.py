@@ -57,6 +57,11 @@ def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
 
     Costs about two gradients; works on pytrees and under ``jit``/``vmap``.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian, used matrix-free). Taught in chapter
+    4, *Invariant Hessians*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -75,6 +80,11 @@ def hessian(
 
     Raises :class:`~minigeo.GeometryError` above ``max_size`` parameters or if the
     Hessian is not finite.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian as a bilinear form). Taught in chapter
+    4, *Invariant Hessians*.
 
     Examples
     --------
@@ -115,6 +125,11 @@ def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Arra
     with the derivatives of the metric by autodiff and :math:`G^{-1}` applied by a
     Cholesky solve.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), eq. (5); Kristiadi (2023), *The Invariance of the Hessian*
+    (blog post). Taught in chapter 4, *Invariant Hessians*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -143,6 +158,11 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn,
     not only at critical points.  ``metric_fn=None`` is the Euclidean metric of
     these coordinates (no Christoffel term).
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), eq. (5); Kristiadi (2023), *The Invariance of the Hessian*
+    (blog post). Taught in chapter 4, *Invariant Hessians*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -168,6 +188,11 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricF
     invariants prefer :func:`endomorphism_eigenvalues`, :func:`endomorphism_trace`
     and :func:`endomorphism_slogdet` on ``(H, G)``, which use the symmetric
     generalized eigenproblem.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A; Kristiadi (2023), *The Invariance of the
+    Hessian* (blog post). Taught in chapter 4, *Invariant Hessians*.
 
     Examples
     --------
@@ -199,6 +224,11 @@ def endomorphism_eigenvalues(H: jax.Array, G: jax.Array) -> jax.Array:
     With :math:`G = LL^\top`, they are the eigenvalues of the symmetric
     :math:`L^{-1}HL^{-\top}`: real, and computed stably.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (invariant eigenvalues of G^-1 H). Taught in chapter
+    4, *Invariant Hessians*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -212,6 +242,11 @@ def endomorphism_eigenvalues(H: jax.Array, G: jax.Array) -> jax.Array:
 def endomorphism_trace(H: jax.Array, G: jax.Array) -> jax.Array:
     r"""The invariant trace :math:`\mathrm{tr}(G^{-1}H)` (the Riemannian trace, paper 000 eq. 18).
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and eq. (18) (Riemannian trace). Taught in chapter
+    4, *Invariant Hessians*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -224,6 +259,11 @@ def endomorphism_trace(H: jax.Array, G: jax.Array) -> jax.Array:
 
 def endomorphism_slogdet(H: jax.Array, G: jax.Array) -> tuple[jax.Array, jax.Array]:
     r"""Sign and log-absolute-determinant of :math:`G^{-1}H`: :math:`\log|\det H| - \log\det G`.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (invariant determinant of G^-1 H). Taught in chapter
+    4, *Invariant Hessians*.
 
     Examples
     --------
@@ -323,6 +363,11 @@ def trace_estimate(
     -------
     (estimate, standard_error)
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the invariant trace), estimated with Hutchinson
+    probes. Taught in chapter 4, *Invariant Hessians*.
+
     Examples
     --------
     >>> import jax, jax.numpy as jnp
@@ -380,6 +425,11 @@ def top_eigenvalues(
     Hessian-vector product and one application of :math:`G^{-1}` (identity,
     diagonal, or a CG solve).  Full reorthogonalization; ``num_iterations`` is
     capped at the number of parameters.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (invariant eigenvalues), computed by Lanczos in the
+    G-inner product. Taught in chapter 4, *Invariant Hessians*.
 
     Examples
     --------

@@ -71,6 +71,11 @@ class Metric:
     damping
         :math:`\lambda \ge 0`; :meth:`mv` returns :math:`(G + \lambda I) v`.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2; Grosse (2022), CSC2541 lecture 3 *Metrics* (metrics
+    used through their products). Taught in chapter 2, *Pullback metrics*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -181,6 +186,11 @@ def _dense_program(metric: Metric) -> Callable[[PyTree], jax.Array]:
 def euclidean() -> Metric:
     r"""The Euclidean metric :math:`G = I`: what plain gradient descent assumes.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (gradient descent implicitly assumes G = I). Taught
+    in chapters 1, *Vectors vs covectors* and 2, *Pullback metrics*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -193,6 +203,11 @@ def euclidean() -> Metric:
 
 def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
     r"""A diagonal metric :math:`G = \mathrm{diag}(w)`, with ``w`` a positive pytree like the parameters or a function of them.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 4.1 (diagonal preconditioners such as Adam's). Taught in
+    chapter 2, *Pullback metrics*.
 
     Examples
     --------
@@ -221,6 +236,11 @@ def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
 
 def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
     r"""A metric given by a dense matrix field ``matrix_fn(params)`` over the flattened parameters.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a positive-definite matrix field).
+    Taught in chapter 2, *Pullback metrics*.
 
     Examples
     --------
@@ -279,6 +299,11 @@ def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metr
     vectors forward and taking their inner product in output space equals
     taking the inner product with the pullback metric.
 
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (pullback metrics); Kristiadi, Dangel & Hennig
+    (2023), Sec. 3.4. Taught in chapter 2, *Pullback metrics*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -302,6 +327,10 @@ def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metr
 def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Array]) -> Metric:
     r"""The generalized Gauss-Newton matrix :math:`J^\top H_z J` (paper 000, eq. 3; paper 003, ``gnhvp``).
 
+    Positive semi-definite when ``loss_fn`` is convex in the outputs.  Equal to
+    the pullback of the Euclidean metric for squared error, and to the Fisher
+    for softmax cross-entropy and Gaussian likelihoods with fixed variance.
+
     Parameters
     ----------
     model_fn
@@ -309,9 +338,10 @@ def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Ar
     loss_fn
         ``outputs -> scalar`` (targets closed over); :math:`H_z = \nabla_z^2` of it.
 
-    Positive semi-definite when ``loss_fn`` is convex in the outputs.  Equal to
-    the pullback of the Euclidean metric for squared error, and to the Fisher
-    for softmax cross-entropy and Gaussian likelihoods with fixed variance.
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), eq. (3) and Sec. 3.4; Grosse (2022), CSC2541 lecture 3
+    *Metrics* (Gauss-Newton). Taught in chapter 2, *Pullback metrics*.
 
     Examples
     --------
@@ -344,6 +374,21 @@ class Likelihood(NamedTuple):
         ``(key, z) -> t``: targets drawn from the model, one per example.
     nll
         ``(z, t) -> per-example negative log-likelihoods`` (shape ``(N,)``).
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.4 (the Fisher of an output-space likelihood). Taught
+    in chapter 2, *Pullback metrics*.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> lik = mg.categorical_likelihood()
+    >>> lik.name
+    'categorical'
+    >>> lik.fisher_mv(jnp.zeros((1, 2)), jnp.array([[1.0, 0.0]])).tolist()  # (diag(p) - p p^T) u, p = (1/2, 1/2)
+    [[0.25, -0.25]]
     """
 
     name: str
@@ -357,6 +402,11 @@ def categorical_likelihood() -> Likelihood:
 
     Output-space Fisher per example: :math:`F_z = \mathrm{diag}(p) - p p^\top`, :math:`p = \mathrm{softmax}(z)`,
     which is also the Hessian of the cross-entropy in the logits.
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (softmax cross-entropy and its Fisher). Taught in
+    chapter 2, *Pullback metrics*.
 
     Examples
     --------
@@ -383,6 +433,11 @@ def categorical_likelihood() -> Likelihood:
 
 def gaussian_likelihood(sigma: float = 1.0) -> Likelihood:
     r"""Gaussian likelihood :math:`\mathcal N(t \mid z, \sigma^2 I)` with fixed :math:`\sigma`; :math:`F_z = I/\sigma^2`.
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (squared error as a Gaussian likelihood; Fisher =
+    Gauss-Newton). Taught in chapter 2, *Pullback metrics*.
 
     Examples
     --------
@@ -461,6 +516,11 @@ def fisher(
         (``mc_samples`` per example, fixed by ``key``) and :math:`g = \nabla_z \log p(t \mid z)`;
         otherwise the exact output-space Fisher is used.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.4; Grosse (2022), CSC2541 lecture 3 *Metrics* (Fisher
+    as the pullback of the KL Hessian). Taught in chapter 2, *Pullback metrics*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -520,6 +580,11 @@ def empirical_fisher(
         ``z -> (N,)`` per-example losses at the training targets (closed over).
     reduction
         ``"mean"`` (default) divides by :math:`N`.
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (empirical Fisher vs Fisher); Kunstner et al. (2019).
+    Taught in chapter 2, *Pullback metrics*.
 
     Examples
     --------

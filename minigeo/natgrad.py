@@ -67,6 +67,11 @@ def gram_matrix(
     xi
         The parameters.
 
+    References
+    ----------
+    van Oostrum, Müller & Ay (2023), Sec. 2 (Gram matrix of the parametrization). Taught in chapter
+    3, *Natural gradient in overparametrized systems*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -93,6 +98,11 @@ def moore_penrose_inverse(matrix: jax.Array, rcond: float | None = None) -> jax.
     ``10 * n * eps``).  :math:`A^+` satisfies :math:`AA^+A = A`, :math:`A^+AA^+ = A^+`,
     and :math:`AA^+`, :math:`A^+A` are symmetric.
 
+    References
+    ----------
+    van Oostrum, Müller & Ay (2023), Sec. 2 (the Moore-Penrose inverse of a singular Gram matrix).
+    Taught in chapter 3, *Natural gradient in overparametrized systems*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -116,6 +126,11 @@ def natural_parameter_gradient(gram: jax.Array, grad: PyTree, rcond: float | Non
     smallest Euclidean norm, which is why it depends on the parametrization even
     though its pushforward does not (paper 002, Sec. 3.2).
 
+    References
+    ----------
+    van Oostrum, Müller & Ay (2023), Def. and eq. (7). Taught in chapter 3, *Natural gradient in
+    overparametrized systems*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -137,6 +152,11 @@ def span_projection(tangents: jax.Array, metric: jax.Array | None, v: jax.Array)
     Jacobian :math:`J` of a parametrization (columns :math:`\partial_i`) and ``v`` the
     ambient gradient :math:`g^{-1}dL`, this is the right-hand side of paper 002's
     Theorem 1.  ``metric=None`` means Euclidean.
+
+    References
+    ----------
+    van Oostrum, Müller & Ay (2023), Theorem 1 (the pushforward is the projection of the natural
+    gradient). Taught in chapter 3, *Natural gradient in overparametrized systems*.
 
     Examples
     --------
@@ -197,6 +217,11 @@ def natural_gradient(
         the dense matrix is not positive definite: the message suggests damping or
         ``solver="pinv"``.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (preconditioned gradient flow); Amari (1998). Taught
+    in chapter 3, *Natural gradient in overparametrized systems*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -252,6 +277,12 @@ def precondition_by_metric(
     ``optax.chain(mg.precondition_by_metric(G, 1e-3), optax.sgd(0.1))``.
     ``update`` needs ``params``.  Under ``jit`` the convergence check of CG
     cannot run; check a step eagerly once when in doubt.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (equivariant preconditioned gradient descent).
+    Taught in chapters 3, *Natural gradient in overparametrized systems* and 4, *Invariant
+    Hessians*.
 
     Examples
     --------

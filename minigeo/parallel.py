@@ -29,6 +29,12 @@ PyTree = Any
 def data_parallel_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     """A one-axis mesh named ``"data"`` over ``devices`` (default: all local devices).
 
+    References
+    ----------
+    No formula from the source papers: data-parallel support for the paper-scale runs of da Silva,
+    Dangel & Oore (2025), *Hide & Seek*, App. C.2. Taught in chapter 7, *Capstone: geodesic
+    sharpness of vision transformers*.
+
     Examples
     --------
     >>> import minigeo as mg
@@ -52,6 +58,12 @@ def shard_batch(batch: PyTree, mesh: Mesh | None = None, *, axis: int = 0) -> Py
     GeometryError
         If a leaf has fewer than ``axis + 1`` dimensions or its size along ``axis`` is not a
         multiple of the number of devices (pad or drop examples to fix it).
+
+    References
+    ----------
+    No formula from the source papers: data-parallel support for the paper-scale runs of da Silva,
+    Dangel & Oore (2025), *Hide & Seek*, App. C.2. Taught in chapter 7, *Capstone: geodesic
+    sharpness of vision transformers*.
 
     Examples
     --------
@@ -81,6 +93,12 @@ def shard_batch(batch: PyTree, mesh: Mesh | None = None, *, axis: int = 0) -> Py
 
 def replicate(tree: PyTree, mesh: Mesh | None = None) -> PyTree:
     """Put a full copy of every leaf (e.g. the parameters) on each device of the mesh.
+
+    References
+    ----------
+    No formula from the source papers: data-parallel support for the paper-scale runs of da Silva,
+    Dangel & Oore (2025), *Hide & Seek*, App. C.2. Taught in chapter 7, *Capstone: geodesic
+    sharpness of vision transformers*.
 
     Examples
     --------

@@ -183,6 +183,11 @@ def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str
     ``"mix"``: :math:`\mathrm{Tr}((H^\top H)\eta_G^\top\zeta_G) + \mathrm{Tr}((G^\top G)\eta_H^\top\zeta_H)`.
     Summed over batch (head) dimensions.
 
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (15) and the mix metric of App. F.2, eq.
+    (34). Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -210,6 +215,11 @@ def vertical_vector(point: Pair, omega: jax.Array) -> Pair:
 
     It is the velocity of :math:`t \mapsto (G e^{-t\Omega}, H e^{t\Omega^\top})`; :math:`GH^\top` does not change.
 
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 3.3 and App. B.3 (the vertical space is the
+    tangent space of the orbit). Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -236,6 +246,12 @@ def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     and the difference to the equation printed in paper 004).  Idempotent; the
     removed part is vertical; the result is orthogonal to every vertical vector.
 
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.2 (the horizontal space and its Sylvester
+    equation, after eq. (15)) and App. B.3. Taught in chapter 6, *Quotient-manifold geodesic
+    sharpness*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -258,6 +274,11 @@ def riemannian_gradient(point: Pair, egrad: Pair, *, eps: float = 0.0) -> Pair:
     ``egrad`` is the Euclidean gradient :math:`(\nabla_G f, \nabla_H f)`.  For a function of
     :math:`GH^\top` only, the result is horizontal.
 
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. B.5 (Riemannian gradient for metric (15)).
+    Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -279,6 +300,11 @@ def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     :math:`P = G^\top G (+\epsilon I)`, and likewise for H.  Geodesics satisfy
     :math:`\ddot\gamma + \Gamma(\dot\gamma, \dot\gamma) = 0`.
 
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (16) and App. eq. (43). Taught in chapter 6,
+    *Quotient-manifold geodesic sharpness*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -293,6 +319,11 @@ def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
 
 def geodesic_step(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     r"""Second-order approximation of the geodesic :math:`\gamma_\xi(1) \approx x + \xi - \tfrac12\Gamma(\xi,\xi)` (paper 004, eq. 7).
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (7) (second-order geodesic), used in eq. (8);
+    App. B.6. Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
 
     Examples
     --------
@@ -338,6 +369,11 @@ def _check_elementwise(point: Pair, vec: Pair | None = None, what: str = "xi") -
 def gl1_metric(point: Pair, eta: Pair, zeta: Pair) -> jax.Array:
     r"""Metric (15) for :math:`h = 1`, element-wise: :math:`\sum \eta_u\zeta_u/u^2 + \eta_v\zeta_v/v^2` (adaptive sharpness' norm).
 
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.1 and App. D (metric (15) for h = 1).
+    Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -356,6 +392,11 @@ def gl1_horizontal_projection(point: Pair, xi: Pair) -> Pair:
     Vertical directions are :math:`(-u\omega, v\omega)`; the projection removes the one with
     :math:`\omega = \tfrac12(\xi_v/v - \xi_u/u)`.
 
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.1 and App. D. Taught in chapter 6,
+    *Quotient-manifold geodesic sharpness*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -370,6 +411,11 @@ def gl1_horizontal_projection(point: Pair, xi: Pair) -> Pair:
 
 def gl1_geodesic(point: Pair, xi: Pair, t: float = 1.0) -> Pair:
     r"""Exact geodesic of the GL(1) metric: :math:`u(t) = u\,e^{t\,\xi_u/u}`, :math:`v(t) = v\,e^{t\,\xi_v/v}` (paper 004, eq. 10, App. D).
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (10) and App. D (exact GL(1) geodesics).
+    Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
 
     Examples
     --------

@@ -46,6 +46,11 @@ def _positive(tree: PyTree) -> PyTree:
 def log() -> Reparametrization:
     r"""Element-wise log coordinates, :math:`\psi = \log\theta`, for positive parameters.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (log coordinates of positive parameters). Taught in
+    chapter 1, *Vectors vs covectors*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -73,6 +78,11 @@ def softplus() -> Reparametrization:
     Maps positive parameters to the real line, like :func:`log` but with
     :math:`\theta \approx \psi` for large values (paper 000, Example 1(a)).
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Example 1(a). Taught in chapters 1, *Vectors vs covectors*
+    and 5, *Densities and volume forms*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -94,6 +104,11 @@ def scale(c: Any) -> Reparametrization:
     r"""Rescaling :math:`\psi = c\,\theta` by a non-zero scalar, array, or pytree matching the point.
 
     A change of units: minutes to seconds is ``scale(60.0)`` on a time coefficient.
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (units and rescaling of coordinates); Kristiadi,
+    Dangel & Hennig (2023), Sec. 3.2. Taught in chapter 1, *Vectors vs covectors*.
 
     Examples
     --------
@@ -138,6 +153,11 @@ def affine(A: Any, b: Any = None) -> Reparametrization:
     ------
     GeometryError
         If ``A`` is not square, not finite, or singular.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a linear change of coordinates, constant Jacobian).
+    Taught in chapter 1, *Vectors vs covectors*.
 
     Examples
     --------
@@ -200,6 +220,11 @@ def polar() -> Reparametrization:
     Invertible away from the origin; the angle lies in :math:`(-\pi, \pi]`.  The
     Euclidean metric becomes :math:`\mathrm{diag}(1, r^2)`.
 
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a nonlinear change of coordinates); the chapter's
+    worked example. Taught in chapter 1, *Vectors vs covectors*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -233,6 +258,11 @@ def compose(*phis: Reparametrization) -> Reparametrization:
     Its Jacobian is the product of the Jacobians (chain rule), so every rule in
     :mod:`minigeo.coords` composes: transforming by ``compose(f, g)`` equals
     transforming by ``f`` then by ``g``.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (Jacobians of composed reparametrizations multiply).
+    Taught in chapter 1, *Vectors vs covectors*.
 
     Examples
     --------

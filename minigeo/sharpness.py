@@ -59,6 +59,21 @@ class SymmetrySpec(NamedTuple):
     per GL(h) pair, the leaf indices (in ``jax.tree_util.tree_leaves`` order) of each side:
     ``(weight,)`` or ``(weight, bias)`` when a bias is appended as a last row (paper 004,
     Example A.1).  ``gl1_pairs`` holds ``(u, v)`` leaf indices.
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 3.1, Sec. 5.2 and Example A.1. Taught in
+    chapters 6, *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic sharpness of
+    vision transformers*.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> params = {"b": jnp.ones(3), "G": jnp.ones((4, 2)), "H": jnp.ones((5, 2))}
+    >>> spec = mg.symmetry_spec(params, [(("G",), ("H",))])
+    >>> spec.pairs, spec.num_leaves  # leaf indices in tree_leaves order: G=0, H=1, b=2
+    ((((0,), (1,)),), 3)
     """
 
     pairs: tuple[tuple[Side, Side], ...]
@@ -68,7 +83,21 @@ class SymmetrySpec(NamedTuple):
 
 
 class WithBias(NamedTuple):
-    """One side of a GL(h) pair: a weight ``(..., n, h)`` with its bias ``(..., h)`` appended as row ``n + 1``."""
+    """One side of a GL(h) pair: a weight ``(..., n, h)`` with its bias ``(..., h)`` appended as row ``n + 1``.
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Example A.1 (biases appended to the weight
+    matrix). Taught in chapters 6, *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic
+    sharpness of vision transformers*.
+
+    Examples
+    --------
+    >>> import minigeo as mg
+    >>> side = mg.with_bias(("attn", "W_v"), ("attn", "b_v"))
+    >>> isinstance(side, mg.WithBias), side.bias
+    (True, ('attn', 'b_v'))
+    """
 
     weight: Path
     bias: Path
@@ -80,6 +109,12 @@ def with_bias(weight: Path, bias: Path) -> WithBias:
     Attention computes :math:`XW_q + \mathbf 1 b_q^\top = [X\ \mathbf 1]\binom{W_q}{b_q^\top}`, so
     the GL(h) symmetry :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` acts on the weight and its bias
     together: pass ``with_bias(("W_q",), ("b_q",))`` as a side in :func:`symmetry_spec`.
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Example A.1. Taught in chapters 6,
+    *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic sharpness of vision
+    transformers*.
 
     Examples
     --------
@@ -121,6 +156,12 @@ def symmetry_spec(
     GeometryError
         If a path does not exist (the message lists the available paths), a leaf is
         used twice, or the shapes are incompatible.
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.2, Example A.1 and App. G.2 (relaxation).
+    Taught in chapters 6, *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic
+    sharpness of vision transformers*.
 
     Examples
     --------
@@ -187,7 +228,26 @@ def symmetry_spec(
 
 
 class SharpnessResult(NamedTuple):
-    """Sharpness averaged over batches, per batch, and the maximizing perturbation of each batch (stacked)."""
+    """Sharpness averaged over batches, per batch, and the maximizing perturbation of each batch (stacked).
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. C.2 (sharpness averaged over batches).
+    Taught in chapters 6, *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic
+    sharpness of vision transformers*.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> loss = lambda p, x: jnp.sum((p["w"] * x) ** 2)
+    >>> batches = jnp.ones((2, 3))  # two batches
+    >>> res = mg.adaptive_sharpness(loss, {"w": jnp.ones(3)}, batches, 0.1, key=jax.random.PRNGKey(0), n_iter=5)
+    >>> res.per_batch.shape, res.perturbation["w"].shape
+    ((2,), (2, 3))
+    >>> bool(jnp.isclose(res.sharpness, res.per_batch.mean()))
+    True
+    """
 
     sharpness: jax.Array
     per_batch: jax.Array
@@ -473,6 +533,13 @@ def adaptive_sharpness(
     kind
         ``"worst"`` (Auto-PGD, ``n_iter`` iterations) or ``"average"`` (``n_samples`` Gaussian samples).
 
+    References
+    ----------
+    Andriushchenko et al. (2023) (adaptive sharpness); the baseline of da Silva, Dangel & Oore
+    (2025), *Hide & Seek*, Sec. 5; Auto-PGD of Croce & Hein (2020). Taught in chapters 6,
+    *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic sharpness of vision
+    transformers*.
+
     Examples
     --------
     >>> import jax, jax.numpy as jnp
@@ -516,6 +583,12 @@ def geodesic_sharpness(
     horizontal ball.  Invariant under :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` on every pair
     (with ``spec.eps = 0``) and under element-wise rescalings elsewhere.
 
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, eqs. (6) and (8); App. C.1 and C.2 (Algorithm 1).
+    Taught in chapters 6, *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic
+    sharpness of vision transformers*.
+
     Examples
     --------
     >>> import jax, jax.numpy as jnp
@@ -543,6 +616,12 @@ def geodesic_sharpness(
 
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
     r"""Kendall's rank correlation :math:`\tau` of two sequences (``scipy.stats.kendalltau``, tau-b).
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5 (rank correlation of sharpness with the
+    generalization gap). Taught in chapters 6, *Quotient-manifold geodesic sharpness* and 7,
+    *Capstone: geodesic sharpness of vision transformers*.
 
     Examples
     --------

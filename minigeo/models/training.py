@@ -28,6 +28,11 @@ Batch = tuple[jax.Array, jax.Array]
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     r"""Mean cross-entropy :math:`-\frac1B\sum_b \log\mathrm{softmax}(z_b)_{y_b}` for integer labels.
 
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (cross-entropy as a negative log-likelihood). Taught
+    in chapter 7, *Capstone: geodesic sharpness of vision transformers*.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -47,6 +52,12 @@ def error_rate(
     apply_fn: Callable, params: PyTree, images: jax.Array, labels: jax.Array, batch_size: int = 512
 ) -> jax.Array:
     """Fraction of misclassified examples, ``apply_fn(params, images)`` evaluated in chunks of ``batch_size``.
+
+    References
+    ----------
+    No formula from the source papers: the test/train error behind the generalization gap of da
+    Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5. Taught in chapter 7, *Capstone: geodesic
+    sharpness of vision transformers*.
 
     Examples
     --------
@@ -68,6 +79,11 @@ def make_train_step(
     loss_fn: Callable[[PyTree, Batch], jax.Array], optimizer: optax.GradientTransformation
 ) -> Callable:
     """A jitted step ``(params, opt_state, batch) -> (params, opt_state, loss)`` of ``optimizer`` on ``loss_fn``.
+
+    References
+    ----------
+    No formula from the source papers: an optax training step. Taught in chapter 7, *Capstone:
+    geodesic sharpness of vision transformers*.
 
     Examples
     --------
@@ -107,6 +123,11 @@ def train_epochs(
     ``len(inputs) // batch_size`` steps (the remainder is dropped); ``augment(key, inputs)``,
     if given, transforms each minibatch's inputs.  Returns the final parameters and optimizer
     state and the mean training loss of every epoch.
+
+    References
+    ----------
+    No formula from the source papers: an optax training loop compiled as one scan. Taught in
+    chapter 7, *Capstone: geodesic sharpness of vision transformers*.
 
     Examples
     --------

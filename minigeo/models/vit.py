@@ -60,6 +60,18 @@ class ViTConfig(NamedTuple):
 
     ``gelu="exact"`` is the erf GELU of timm/ViT; ``"tanh"`` is its tanh approximation
     (faster on CPU).  ``ln_eps`` is LayerNorm's epsilon (1e-6 in timm's ViTs).
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.3 and App. C.1 (the ViT family of the
+    experiments). Taught in chapter 7, *Capstone: geodesic sharpness of vision transformers*.
+
+    Examples
+    --------
+    >>> import minigeo.models as mm
+    >>> config = mm.ViTConfig(image_size=8, patch_size=4, channels=1, num_classes=10, width=32, depth=2, heads=4, mlp_dim=64)
+    >>> config.num_patches, config.head_dim
+    (4, 8)
     """
 
     image_size: int = 224
@@ -84,6 +96,11 @@ class ViTConfig(NamedTuple):
 
 def vit_b32_config(num_classes: int = 1000) -> ViTConfig:
     """ViT-B/32: patch 32, 224×224×3 images, 12 layers, width 768, 12 heads of 64, MLP 3072.
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.3.1 (ViT-B/32). Taught in chapter 7,
+    *Capstone: geodesic sharpness of vision transformers*.
 
     Examples
     --------
@@ -111,6 +128,12 @@ def init_vit(key: jax.Array, config: ViTConfig, dtype: Any = jnp.float32) -> PyT
     """Random parameters: truncated-normal weights (std 0.02, as timm), zero biases, unit LayerNorm scales.
 
     Returns the nested dict described in the module docstring.
+
+    References
+    ----------
+    No formula from the source papers: a timm-style initialization of the ViT of da Silva, Dangel &
+    Oore (2025), *Hide & Seek*, Sec. 5.3. Taught in chapter 7, *Capstone: geodesic sharpness of
+    vision transformers*.
 
     Examples
     --------
@@ -165,7 +188,19 @@ def init_vit(key: jax.Array, config: ViTConfig, dtype: Any = jnp.float32) -> PyT
 
 
 def vit_num_params(config: ViTConfig) -> int:
-    """Number of parameters, from the shapes alone (``jax.eval_shape``: nothing is allocated)."""
+    """Number of parameters, from the shapes alone (``jax.eval_shape``: nothing is allocated).
+
+    References
+    ----------
+    No formula from the source papers: a parameter count. Taught in chapter 7, *Capstone: geodesic
+    sharpness of vision transformers*.
+
+    Examples
+    --------
+    >>> import minigeo.models as mm
+    >>> mm.vit_num_params(mm.vit_b32_config())  # timm's vit_base_patch32_224 has the same count
+    88224232
+    """
     shapes = jax.eval_shape(lambda k: init_vit(k, config), jax.random.PRNGKey(0))
     return int(sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
 
@@ -200,6 +235,12 @@ def vit_apply(params: PyTree, images: jax.Array, config: ViTConfig) -> jax.Array
     :math:`z_0 = [x_{\mathrm{cls}};\ \mathrm{patches}\,E + b_E] + E_{\mathrm{pos}}`, then per block
     :math:`z \leftarrow z + \mathrm{MHA}(\mathrm{LN}_1 z)`, :math:`z \leftarrow z + \mathrm{MLP}(\mathrm{LN}_2 z)`,
     and :math:`\mathrm{logits} = \mathrm{LN}(z)_{\mathrm{cls}} W_{\mathrm{head}} + b_{\mathrm{head}}`.
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. C.1 (multi-head attention, head_i =
+    Attention(Q W_i^Q, K W_i^K, V W_i^V)). Taught in chapter 7, *Capstone: geodesic sharpness of
+    vision transformers*.
 
     Examples
     --------
@@ -269,6 +310,12 @@ def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
         If the pytree holds no attention layer (a dict with ``W_q, b_q, W_k, b_k, W_v, b_v,
         W_o, b_o``), or the shapes do not form pairs.
 
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. C.1 (symmetries 1 and 2 per head) and
+    Example A.1 (biases). Taught in chapter 7, *Capstone: geodesic sharpness of vision
+    transformers*.
+
     Examples
     --------
     >>> import jax
@@ -334,6 +381,24 @@ def vit_from_timm(
     ------
     GeometryError
         If keys are missing or unexpected (the message lists them), or shapes disagree.
+
+    References
+    ----------
+    No formula from the source papers: a checkpoint converter for the pretrained ViTs of da Silva,
+    Dangel & Oore (2025), *Hide & Seek*, Sec. 5.3. Taught in chapter 7, *Capstone: geodesic
+    sharpness of vision transformers*.
+
+    Examples
+    --------
+    >>> import numpy as np
+    >>> import minigeo as mg
+    >>> import minigeo.models as mm
+    >>> try:
+    ...     mm.vit_from_timm({"fc.weight": np.ones((2, 2))})
+    ... except mg.GeometryError as err:
+    ...     print(str(err)[:37])
+    vit_from_timm: not a timm VisionTrans
+    >>> # with timm installed:  params, config = mm.vit_from_timm(timm.create_model("vit_base_patch32_224").state_dict())
     """
     sd = {k: _to_numpy(v) for k, v in state_dict.items()}
     if "patch_embed.proj.weight" not in sd or "pos_embed" not in sd:
@@ -447,6 +512,21 @@ def load_timm_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
     ------
     GeometryError
         If the file does not exist, its suffix is unknown, or its package is not installed.
+
+    References
+    ----------
+    No formula from the source papers: a checkpoint reader. Taught in chapter 7, *Capstone: geodesic
+    sharpness of vision transformers*.
+
+    Examples
+    --------
+    >>> import os, tempfile
+    >>> import numpy as np
+    >>> import minigeo.models as mm
+    >>> path = os.path.join(tempfile.mkdtemp(), "vit.npz")
+    >>> np.savez(path, **{"cls_token": np.zeros((1, 1, 4))})
+    >>> {k: v.shape for k, v in mm.load_timm_checkpoint(path).items()}
+    {'cls_token': (1, 1, 4)}
     """
     path = os.fspath(path)
     if not os.path.isfile(path):

@@ -1,0 +1,206 @@
+"""The assignment kit: the checks in minigeo.assignments, the student/solution notebooks, and their sync.
+
+Each check must pass for a correct answer, fail with a helpful message for typical wrong answers
+(checked against the hint it prints), report an unfinished function as "not implemented yet" and
+any other exception in one line.  The solution notebooks must score full marks and the student
+notebooks zero, both without a traceback, and the student notebooks must contain no solution code.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import nbformat
+import numpy as np
+import pytest
+import scipy.linalg
+from nbclient import NotebookClient
+
+import minigeo as mg
+from minigeo import assignments as A
+
+ROOT = Path(__file__).resolve().parents[1]
+KIT = ROOT / "assignments"
+SOLUTIONS = sorted((KIT / "solutions").glob("*.ipynb"))
+
+
+def _jvp(phi, theta, v):
+    return jax.jvp(phi.forward, (theta,), (v,))[1]
+
+
+def _jac(phi, theta):
+    return jax.jacfwd(phi.forward)(theta)
+
+
+def _sylvester_projection(G, H, xi):
+    P, Q = G.T @ G, H.T @ H
+    B = np.asarray(P @ H.T @ xi[1] - xi[0].T @ G @ Q)
+    X = jnp.asarray(scipy.linalg.solve_sylvester(np.asarray(P @ Q), np.asarray(P @ Q), B))
+    return xi[0] + G @ X.T, xi[1] - H @ X
+
+
+def _euclidean_projection(G, H, xi):
+    # orthogonal in the Euclidean inner product: the wrong metric
+    M = G.T @ G + H.T @ H
+    B = H.T @ xi[1] - xi[0].T @ G
+    X = jnp.asarray(scipy.linalg.solve_sylvester(np.asarray(M), np.asarray(M), np.asarray(B)))
+    return xi[0] + G @ X.T, xi[1] - H @ X
+
+
+def _raise_type_error(*args):
+    raise TypeError("unsupported operand\nsecond line of the message")
+
+
+def _not_implemented(*args):
+    raise NotImplementedError("fill in `f`")
+
+
+CASES = {
+    "check_transform_vector": (
+        lambda phi, t, v: _jvp(phi, t, v),
+        [(lambda phi, t, v: _jac(phi, t).T @ v, "transformed vector")],
+    ),
+    "check_transform_covector": (
+        lambda phi, t, w: jnp.linalg.solve(_jac(phi, t).T, w),
+        [(lambda phi, t, w: _jac(phi, t) @ w, "pairing omega(v)"), (lambda phi, t, w: w, "pairing")],
+    ),
+    "check_natural_gradient_step": (
+        lambda G, g, lr: -lr * jnp.linalg.solve(G, g),
+        [(lambda G, g, lr: -lr * g, "The step is -lr"), (lambda G, g, lr: -lr * G @ g, "off by")],
+    ),
+    "check_hessian_endomorphism": (
+        lambda H, G: jnp.linalg.solve(G, H),
+        [(lambda H, G: H @ jnp.linalg.inv(G), "the order matters"), (lambda H, G: H, "E is off")],
+    ),
+    "check_invariant_trace": (
+        lambda H, G: jnp.trace(jnp.linalg.solve(G, H)),
+        [(lambda H, G: jnp.trace(H), "not tr(H)")],
+    ),
+    "check_riemannian_hessian": (
+        lambda h, g, gam: h - jnp.einsum("kij,k->ij", gam, g),
+        [
+            (lambda h, g, gam: h, "Riemannian Hessian"),
+            (lambda h, g, gam: h - jnp.einsum("kij,i->kj", gam, g), "contract"),
+        ],
+    ),
+    "check_vertical_vector": (
+        lambda G, H, W: (-G @ W, H @ W.T),
+        [(lambda G, H, W: (G @ W, H @ W.T), "G H^T is constant"), (lambda G, H, W: (-G @ W, H @ W), "G H^T")],
+    ),
+    "check_quotient_metric": (
+        lambda G, H, e, z: mg.gl_metric((G, H), e, z),
+        [(lambda G, H, e, z: jnp.vdot(e[0], z[0]) + jnp.vdot(e[1], z[1]), "metric (15)")],
+    ),
+    "check_horizontal_projection": (
+        _sylvester_projection,
+        [(_euclidean_projection, "not in the Euclidean"), (lambda G, H, xi: xi, "vertical")],
+    ),
+}
+
+
+def test_every_check_is_covered():
+    assert set(CASES) == {n for n in A.__all__ if n.startswith("check_")}
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_passes_a_correct_answer(name, capsys):
+    report = getattr(A, name)(CASES[name][0])
+    assert report.passed, report.message
+    assert capsys.readouterr().out.startswith("PASS ")
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_fails_wrong_answers_with_a_hint(name, capsys):
+    for wrong, hint in CASES[name][1]:
+        report = getattr(A, name)(wrong)
+        assert not report.passed, f"{name} accepted a wrong answer"
+        assert report.message.startswith("FAIL ") and hint in report.message, report.message
+    assert "Traceback" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("name", sorted(CASES))
+def test_check_reports_unfinished_and_crashing_functions_in_one_line(name, capsys):
+    report = getattr(A, name)(_not_implemented)
+    assert not report.passed and "not implemented yet" in report.message
+    report = getattr(A, name)(_raise_type_error)
+    assert not report.passed
+    assert "raised TypeError: unsupported operand" in report.message and "\n" not in report.message
+    out = capsys.readouterr().out
+    assert out.count("\n") == 2 and "Traceback" not in out
+
+
+def test_checks_pass_in_float32_notebooks_too():
+    # a notebook without jax_enable_x64: the checks switch to float64 themselves
+    code = (
+        "import jax, jax.numpy as jnp\n"
+        "from minigeo import assignments as A\n"
+        "r = A.check_invariant_trace(lambda H, G: jnp.trace(jnp.linalg.solve(G, H)))\n"
+        "assert r.passed and jnp.ones(1).dtype == jnp.float32\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, env={"JAX_PLATFORMS": "cpu", "PATH": ""})
+
+
+# ------------------------------------------------------------------------- notebooks
+
+
+def test_there_are_three_assignments_with_solutions():
+    assert [p.name for p in SOLUTIONS] == sorted(p.name for p in KIT.glob("*.ipynb"))
+    assert len(SOLUTIONS) >= 3
+    chapters = {re.match(r"assignment_(\d\d)_", p.name).group(1) for p in SOLUTIONS}
+    assert {"01", "04", "06"} <= chapters
+
+
+def test_student_notebooks_are_in_sync_with_the_solutions():
+    run = subprocess.run(
+        [sys.executable, str(KIT / "make_student.py"), "--check"], capture_output=True, text=True
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
+def test_student_version_leaks_no_solution(solution):
+    sol = nbformat.read(solution, as_version=4)
+    student = nbformat.read(KIT / solution.name, as_version=4)
+    student_code = "\n".join(c.source for c in student.cells if c.cell_type == "code")
+    assert "BEGIN SOLUTION" not in student_code and "END SOLUTION" not in student_code
+    for cell in sol.cells:
+        blocks = re.findall(r"### BEGIN SOLUTION\n(.*?)### END SOLUTION", cell.source, re.S)
+        for block in blocks:
+            for line in (ln for ln in block.strip().splitlines() if len(ln.strip()) >= 12):
+                assert line.strip() not in student_code, (
+                    f"{solution.name}: solution line {line.strip()!r} leaked"
+                )
+    assert all(not c.get("outputs") for c in student.cells if c.cell_type == "code")
+    assert student_code.count("raise NotImplementedError") >= 3
+
+
+def _execute(path: Path) -> str:
+    nb = nbformat.read(path, as_version=4)
+    NotebookClient(
+        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
+    ).execute()
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    errors = [o for o in outputs if o.output_type == "error"]
+    assert not errors, f"{path.name}: {errors[0].ename}: {errors[0].evalue}"
+    return "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
+def test_solution_notebook_scores_full_marks(solution):
+    out = _execute(solution)
+    assert "FAIL" not in out
+    assert re.search(r"(\d+) of \1 checks passed", out), out
+
+
+@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
+def test_blank_student_notebook_fails_cleanly(solution):
+    out = _execute(KIT / solution.name)
+    assert "PASS" not in out and "Traceback" not in out
+    fails = [line for line in out.splitlines() if line.startswith("FAIL")]
+    assert fails and all("not implemented yet" in line for line in fails), out
+    assert re.search(r"\b0 of [1-9]\d* checks passed", out), out
