@@ -60,8 +60,13 @@ def find_chromium() -> str:
 def toc_pages() -> list[str]:
     toc = yaml.safe_load((ROOT / "_toc.yml").read_text())
     pages = [toc["root"]]
+    def walk(entries: list[dict]) -> None:
+        for entry in entries:
+            pages.append(entry["file"])
+            walk(entry.get("sections", []))  # e.g. the API reference's per-module pages
+
     for part in toc.get("parts", []):
-        pages += [ch["file"] for ch in part.get("chapters", [])]
+        walk(part.get("chapters", []))
     return pages
 
 

@@ -204,3 +204,20 @@ def test_blank_student_notebook_fails_cleanly(solution):
     fails = [line for line in out.splitlines() if line.startswith("FAIL")]
     assert fails and all("not implemented yet" in line for line in fails), out
     assert re.search(r"\b0 of [1-9]\d* checks passed", out), out
+
+
+def test_grading_script_scores_a_solution_a_blank_and_a_broken_notebook(tmp_path):
+    sol = SOLUTIONS[0]
+    broken = nbformat.read(sol, as_version=4)
+    broken.cells.insert(3, nbformat.v4.new_code_cell("1 / 0"))
+    nbformat.write(broken, tmp_path / "broken.ipynb")
+    run = subprocess.run(
+        [sys.executable, str(KIT / "grade.py"), str(sol), str(KIT / sol.name), str(tmp_path / "broken.ipynb")],
+        capture_output=True,
+        text=True,
+    )
+    lines = run.stdout.strip().splitlines()
+    assert run.returncode == 1, run.stdout + run.stderr
+    assert re.search(r": (\d+) of \1 checks passed$", lines[0]), lines
+    assert re.search(r": 0 of \d+ checks passed$", lines[1]), lines
+    assert "stopped by an error: ZeroDivisionError" in lines[2], lines
