@@ -150,6 +150,51 @@ def pair_factors(G: jax.Array, H: jax.Array, eps: float = 0.0) -> PairFactors:
     return PairFactors(G, H, P, Q, P_inv, Q_inv, V, V_inv, d)
 
 
+class WhitenedFactors(NamedTuple):
+    """Metric (15) at (G, H) in whitened coordinates ``z = xi P^{-1/2}`` (G side), ``xi Q^{-1/2}`` (H side).
+
+    In these coordinates the metric is the Euclidean (Frobenius) inner product, so norms and
+    the Auto-PGD updates of :mod:`minigeo.sharpness` are element-wise; ``P^{1/2}``,
+    ``P^{-1/2}`` (and the same for ``Q``) convert, and the eigendecomposition of ``PQ``
+    solves the Sylvester equation of the horizontal projection.
+    """
+
+    G: jax.Array
+    H: jax.Array
+    P: jax.Array
+    Q: jax.Array
+    P_half: jax.Array
+    P_mhalf: jax.Array
+    Q_half: jax.Array
+    Q_mhalf: jax.Array
+    V: jax.Array  # PQ = V diag(d) V^{-1}
+    V_inv: jax.Array
+    d: jax.Array
+
+
+def _whiten_one(P: jax.Array, Q: jax.Array):
+    w, U = jnp.linalg.eigh(P)
+    P_half = (U * jnp.sqrt(w)[None, :]) @ U.T
+    P_mhalf = (U / jnp.sqrt(w)[None, :]) @ U.T
+    wq, Uq = jnp.linalg.eigh(Q)
+    Q_half = (Uq * jnp.sqrt(wq)[None, :]) @ Uq.T
+    Q_mhalf = (Uq / jnp.sqrt(wq)[None, :]) @ Uq.T
+    d, V0 = jnp.linalg.eigh(P_half @ Q @ P_half)
+    return P_half, P_mhalf, Q_half, Q_mhalf, P_half @ V0, V0.T @ P_mhalf, d
+
+
+def whitened_factors(G: jax.Array, H: jax.Array, eps: float = 0.0) -> WhitenedFactors:
+    """Factorize metric (15) at (G, H) for whitened coordinates (square roots of the Gram matrices, eigenbasis of PQ)."""
+    P, Q = _grams(G, H, eps)
+    return WhitenedFactors(G, H, P, Q, *_map_matrices(_whiten_one, P, Q))
+
+
+def sylvester_with(f: PairFactors | WhitenedFactors, B: jax.Array) -> jax.Array:
+    """Solve (PQ) X + X (PQ) = B through the eigendecomposition PQ = V diag(d) V^{-1}."""
+    C = f.V_inv @ B @ f.V
+    return f.V @ (C / (f.d[..., :, None] + f.d[..., None, :])) @ f.V_inv
+
+
 def metric_with(f: PairFactors, eta: Pair, zeta: Pair) -> jax.Array:
     """Metric (15) from precomputed factors."""
     a = jnp.trace(f.P_inv @ (_mT(eta[0]) @ zeta[0]), axis1=-2, axis2=-1)
@@ -161,8 +206,7 @@ def horizontal_with(f: PairFactors, xi: Pair) -> Pair:
     """Horizontal projection from precomputed factors: solve (PQ) X + X (PQ) = P H^T xi_H - xi_G^T G Q."""
     xG, xH = xi
     B = f.P @ _mT(f.H) @ xH - _mT(xG) @ f.G @ f.Q
-    C = f.V_inv @ B @ f.V
-    X = f.V @ (C / (f.d[..., :, None] + f.d[..., None, :])) @ f.V_inv
+    X = sylvester_with(f, B)
     return xG + f.G @ _mT(X), xH - f.H @ X
 
 

@@ -27,11 +27,10 @@ from typing import Any, Callable, NamedTuple, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
-from jax.flatten_util import ravel_pytree
 
 from ._checks import GeometryError
 from ._tree import PyTree
-from .quotient import christoffel_with, horizontal_with, metric_with, pair_factors
+from .quotient import WhitenedFactors, sylvester_with, whitened_factors
 
 __all__ = [
     "SymmetrySpec",
@@ -257,24 +256,67 @@ class SharpnessResult(NamedTuple):
 # ---------------------------------------------------------------------------
 # the geometry of the perturbation, on flat lists of leaves
 # ---------------------------------------------------------------------------
-class _Geometry:
-    """Norms, perturbed points and Riemannian gradients for a perturbation ``xi`` at weights ``w``.
+def _mT(x: jax.Array) -> jax.Array:
+    return jnp.swapaxes(x, -1, -2)
 
-    GL(h) pairs carry their tangent vector directly; a GL(1) pair ``(u, v)`` carries the
-    common log-rate ``B`` of its horizontal velocities (``xi_u = u B``, ``xi_v = v B``) in the
-    ``u`` slot (the ``v`` slot stays zero); every other leaf is parametrized as
-    ``xi = |w| * z`` so that its adaptive norm is ``|z|``.
+
+def _side_forward(M: jax.Array, z: jax.Array, R: jax.Array, Ri: jax.Array):
+    r"""One side of a pair moved along the second-order geodesic, in whitened coordinates.
+
+    With :math:`\xi = zR` (:math:`R = P^{1/2}`, :math:`S = P^{-1} = R^{-2}`), eq. (7) and (43) give
+    :math:`M + \xi - \tfrac12\Gamma(\xi,\xi) = M K_1 + z K_2` with :math:`a = z^\top M`,
+    :math:`c = z^\top z`, :math:`K_1 = I - \tfrac12 R^{-1}cR` and
+    :math:`K_2 = R + \tfrac12(a + R^{-1}a^\top R)`: two products with the tall matrices for
+    the Gram matrices and two for the result.
+    """
+    a, c = _mT(z) @ M, _mT(z) @ z
+    eye = jnp.eye(M.shape[-1], dtype=M.dtype)
+    K1 = eye - 0.5 * (Ri @ c @ R)
+    K2 = R + 0.5 * (a + Ri @ _mT(a) @ R)
+    return M @ K1 + z @ K2, (a, K2)
+
+
+def _side_backward(M, z, R, Ri, gram, cache, D):
+    """The chain rule of :func:`_side_forward`: the gradient in z is ``D K2^T + M Ca^T + z Cs``.
+
+    Returns the three right factors and ``M^T`` times that gradient (from the small matrices
+    only: the horizontal projection needs no further product with the tall matrices).
+    """
+    a, K2 = cache
+    E1, E2 = _mT(M) @ D, _mT(z) @ D  # d/dK1, d/dK2
+    Cc = -0.5 * (Ri @ E1 @ R)  # d/dc
+    Cs = Cc + _mT(Cc)
+    CaT = 0.5 * (_mT(E2) + Ri @ E2 @ R)  # (d/da)^T
+    MtG = E1 @ _mT(K2) + gram @ CaT + _mT(a) @ Cs
+    return (_mT(K2), CaT, Cs), MtG
+
+
+class _Geometry:
+    """The search space of Auto-PGD: coordinates in which the norm of the ball is Euclidean.
+
+    The search runs on one flat vector, laid out as: for each GL(h) pair, its two sides as
+    matrices (bias row included) in **whitened** coordinates ``z = xi P^{-1/2}`` and
+    ``xi Q^{-1/2}`` (metric (15) becomes the Frobenius inner product); for each GL(1) pair
+    ``(u, v)``, ``b = sqrt(2) B`` where ``B`` is the common log-rate of its horizontal velocities
+    (``xi_u = u B``, ``xi_v = v B``; metric ``2 B^2 = b^2``); for every other leaf, ``z`` with
+    ``xi = |w| z`` (the adaptive norm).  So the norm is the vector's 2-norm, the ball projection
+    a rescaling, and the Riemannian gradient the gradient in these coordinates followed by the
+    horizontal projection of each pair.
+
+    Per pair side and iteration the geometry costs nine products with the tall ``(n, h)``
+    matrices: four for the perturbed point (eq. 7), two Gram matrices of the incoming gradient
+    and three for the projected Riemannian gradient; the projection itself (a Sylvester solve)
+    works on ``h x h`` matrices only.
     """
 
-    def __init__(self, spec: SymmetrySpec | None, geodesic: bool):
+    def __init__(self, spec: SymmetrySpec | None):
         self.pairs = spec.pairs if spec is not None else ()
         self.gl1 = spec.gl1_pairs if spec is not None else ()
         self.eps = spec.eps if spec is not None else 0.0
-        self.geodesic = geodesic
         self.paired = {i for p in self.pairs for side in p for i in side} | {i for p in self.gl1 for i in p}
 
     def _key(self) -> tuple:
-        return (self.pairs, self.gl1, self.eps, self.geodesic)
+        return (self.pairs, self.gl1, self.eps)
 
     def __hash__(self) -> int:  # a static argument of the compiled loop: equal geometries share a compilation
         return hash(self._key())
@@ -300,41 +342,98 @@ class _Geometry:
     def matrices(self, x: list) -> list[tuple[jax.Array, jax.Array]]:
         return [(self.gather(x, g), self.gather(x, h)) for g, h in self.pairs]
 
-    def factors(self, w: list) -> list:
+    def others(self, w: list) -> list[int]:
+        return [i for i in range(len(w)) if i not in self.paired]
+
+    def factors(self, w: list) -> list[WhitenedFactors]:
         """Per-pair factorizations of metric (15) at the base point (constant during the search)."""
-        return [pair_factors(G, H, self.eps) for G, H in self.matrices(w)]
+        return [whitened_factors(G, H, self.eps) for G, H in self.matrices(w)]
 
-    def norm_sq(self, w: list, fac: list, x: list) -> jax.Array:
-        total = sum((jnp.sum(x[i] ** 2) for i in range(len(x)) if i not in self.paired), jnp.zeros(()))
-        for xp, f in zip(self.matrices(x), fac):
-            total = total + metric_with(f, xp, xp)
-        for ui, _ in self.gl1:
-            total = total + 2.0 * jnp.sum(x[ui] ** 2)  # |(u B, v B)|^2 = sum B^2 + B^2
-        return total
+    # -- the flat layout --------------------------------------------------------------------
+    def shapes(self, w: list) -> list[tuple[int, ...]]:
+        sides = [jnp.shape(m) for G, H in self.matrices(w) for m in (G, H)]  # abstract under jit: free
+        return sides + [jnp.shape(w[u]) for u, _ in self.gl1] + [jnp.shape(w[i]) for i in self.others(w)]
 
-    def perturb(self, w: list, fac: list, x: list) -> list:
-        out = [w[i] + jnp.abs(w[i]) * x[i] if i not in self.paired else None for i in range(len(w))]
-        for (g, h), (xG, xH), f in zip(self.pairs, self.matrices(x), fac):
-            if self.geodesic:
-                cG, cH = christoffel_with(f, (xG, xH))
-                xG, xH = xG - 0.5 * cG, xH - 0.5 * cH
-            self.scatter(out, g, f.G + xG)
-            self.scatter(out, h, f.H + xH)
-        for ui, vi in self.gl1:  # exact horizontal geodesic, paper 004 eq. (10)
-            out[ui], out[vi] = w[ui] * jnp.exp(x[ui]), w[vi] * jnp.exp(x[ui])
+    @staticmethod
+    def join(parts: list) -> jax.Array:
+        return jnp.concatenate([jnp.ravel(p) for p in parts])
+
+    @staticmethod
+    def split(v: jax.Array, shapes: list) -> list:
+        out, start = [], 0
+        for shape in shapes:
+            n = math.prod(shape)
+            out.append(v[start : start + n].reshape(shape))
+            start += n
         return out
 
-    def riemannian(self, fac: list, g: list) -> list:
-        # Riemannian gradients are horizontal; so are all iterates (linear combinations and rescalings of
-        # horizontal vectors at the fixed base point), so no further projection is needed in the loop.
-        out = list(g)  # z-coordinates of non-pair leaves are Euclidean
-        for (gs, hs), (gG, gH), f in zip(self.pairs, self.matrices(g), fac):
-            rG, rH = horizontal_with(f, (gG @ f.P, gH @ f.Q))
-            self.scatter(out, gs, rG)
-            self.scatter(out, hs, rH)
-        for ui, vi in self.gl1:  # the metric in B-coordinates is 2 I
-            out[ui], out[vi] = 0.5 * g[ui], jnp.zeros_like(g[vi])
+    # -- the perturbed point and the Riemannian gradient ------------------------------------
+    def perturb(self, w: list, fac: list, parts: list) -> tuple[list, list]:
+        """The perturbed weights (eq. 7 on the pairs, eq. 10 on GL(1) pairs, ``w + |w| z`` elsewhere)."""
+        out: list = [None] * len(w)
+        caches = []
+        for j, ((gs, hs), f) in enumerate(zip(self.pairs, fac)):
+            G1, cG = _side_forward(f.G, parts[2 * j], f.P_half, f.P_mhalf)
+            H1, cH = _side_forward(f.H, parts[2 * j + 1], f.Q_half, f.Q_mhalf)
+            self.scatter(out, gs, G1)
+            self.scatter(out, hs, H1)
+            caches.append((cG, cH))
+        k = 2 * len(self.pairs)
+        for j, (ui, vi) in enumerate(self.gl1):  # exact horizontal geodesic, paper 004 eq. (10)
+            B = parts[k + j] / math.sqrt(2.0)
+            out[ui], out[vi] = w[ui] * jnp.exp(B), w[vi] * jnp.exp(B)
+        k += len(self.gl1)
+        for j, i in enumerate(self.others(w)):
+            out[i] = w[i] + jnp.abs(w[i]) * parts[k + j]
+        return out, caches
+
+    def riemannian(self, w: list, fac: list, parts: list, caches: list, moved: list, grad: list) -> list:
+        r"""The Riemannian gradient, in the search coordinates, of ``loss(perturb(parts))``, given the
+        Euclidean gradient ``grad`` of the loss at the perturbed weights ``moved``.
+
+        On a pair, the gradient in whitened coordinates is projected onto the horizontal space:
+        with :math:`\xi = (g_G P^{1/2}, g_H Q^{1/2})`, :math:`X` solves
+        :math:`(PQ)X + X(PQ) = PH^\top\xi_H - \xi_G^\top GQ` and the result is
+        :math:`(g_G + GX^\top P^{-1/2},\ g_H - HXQ^{-1/2})` (see :mod:`minigeo.quotient`).
+        """
+        out = []
+        eye = None
+        for j, ((gs, hs), f, (cG, cH)) in enumerate(zip(self.pairs, fac, caches)):
+            zG, zH = parts[2 * j], parts[2 * j + 1]
+            DG, DH = self.gather(grad, gs), self.gather(grad, hs)
+            if eye is None or eye.shape[-1] != f.P.shape[-1]:
+                eye = jnp.eye(f.P.shape[-1], dtype=f.P.dtype)
+            (KG, NG, CG), GtgG = _side_backward(f.G, zG, f.P_half, f.P_mhalf, f.P - self.eps * eye, cG, DG)
+            (KH, NH, CH), HtgH = _side_backward(f.H, zH, f.Q_half, f.Q_mhalf, f.Q - self.eps * eye, cH, DH)
+            X = sylvester_with(f, f.P @ HtgH @ f.Q_half - f.P_half @ _mT(GtgG) @ f.Q)
+            out.append(DG @ KG + f.G @ (NG + _mT(X) @ f.P_mhalf) + zG @ CG)
+            out.append(DH @ KH + f.H @ (NH - X @ f.Q_mhalf) + zH @ CH)
+        for ui, vi in self.gl1:
+            out.append((grad[ui] * moved[ui] + grad[vi] * moved[vi]) / math.sqrt(2.0))
+        for i in self.others(w):
+            out.append(jnp.abs(w[i]) * grad[i])
         return out
+
+    def start(self, key: jax.Array, w: list, fac: list) -> list:
+        r"""An equivariant random start: random ``z`` for element-wise leaves and GL(1) pairs, and for
+        each GL(h) pair the Riemannian gradient of a random linear function of :math:`GH^\top`
+        (which moves with the group).  One draw for all leaves: a separate threefry per leaf
+        multiplies XLA's compile time."""
+        k_z, k_r = jax.random.split(key)
+        x0 = _normal_like(k_z, w)
+        Rs = _normal_like(
+            k_r, [jax.ShapeDtypeStruct(f.G.shape[:-1] + (f.H.shape[-2],), f.G.dtype) for f in fac]
+        )
+        parts = []
+        for f, R in zip(fac, Rs):
+            # Euclidean gradients (R H, R^T G) of Tr(R^T G H^T); in whitened coordinates the
+            # Riemannian gradient before projection is g P^{1/2}
+            gG, gH = (R @ f.H) @ f.P_half, (_mT(R) @ f.G) @ f.Q_half
+            X = sylvester_with(f, f.P @ (_mT(f.H) @ gH) @ f.Q_half - f.P_half @ (_mT(gG) @ f.G) @ f.Q)
+            parts += [gG + f.G @ _mT(X) @ f.P_mhalf, gH - f.H @ X @ f.Q_mhalf]
+        parts += [math.sqrt(2.0) * x0[u] for u, _ in self.gl1]
+        parts += [x0[i] for i in self.others(w)]
+        return parts
 
 
 def _normal_like(key: jax.Array, like: list) -> list:
@@ -379,37 +478,26 @@ def _check_common(rho: float, batches: PyTree, n_iter: int) -> int:
 def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum: float):
     w, treedef = jax.tree_util.tree_flatten(params)
     fac = geometry.factors(w)
-    objective = lambda x: loss_fn(jax.tree_util.tree_unflatten(treedef, geometry.perturb(w, fac, x)), batch)
+    shapes = geometry.shapes(w)
     base = loss_fn(params, batch)
+    loss_at = jax.value_and_grad(lambda leaves: loss_fn(jax.tree_util.tree_unflatten(treedef, leaves), batch))
 
-    # equivariant random start of norm rho / 2: random z for GL(1) leaves, and for each GL(h)
-    # pair the Riemannian gradient of a random linear function of G H^T (which moves with the group)
-    # (one draw for all leaves: a separate threefry per leaf multiplies XLA's compile time)
-    k_z, k_r = jax.random.split(key)
-    x0 = _normal_like(k_z, w)
-    Rs = _normal_like(k_r, [jax.ShapeDtypeStruct(f.G.shape[:-1] + (f.H.shape[-2],), f.G.dtype) for f in fac])
-    for (gs, hs), f, R in zip(geometry.pairs, fac, Rs):
-        geometry.scatter(x0, gs, R @ f.H)
-        geometry.scatter(x0, hs, jnp.swapaxes(R, -1, -2) @ f.G)
-    for ui, vi in geometry.gl1:
-        x0[vi] = jnp.zeros_like(x0[vi])
-    x0 = geometry.riemannian(fac, x0) if geometry.pairs else x0
-
-    # The search runs on one flat vector (few loop-carried buffers keep XLA's compile time low);
-    # the geometry works on the list of leaves.
-    v0, unravel = ravel_pytree(x0)
+    # The search runs on one flat vector in coordinates where the ball is Euclidean (few
+    # loop-carried buffers keep XLA's compile time low); see _Geometry.
+    def value_and_riemannian_grad(v):
+        parts = geometry.split(v, shapes)
+        moved, caches = geometry.perturb(w, fac, parts)
+        f, grad = loss_at(moved)
+        return f, geometry.join(geometry.riemannian(w, fac, parts, caches, moved, grad))
 
     def norm(v):
-        sq = geometry.norm_sq(w, fac, unravel(v))
+        sq = jnp.sum(v * v)
         return jnp.sqrt(jnp.maximum(sq, jnp.finfo(sq.dtype).tiny))
 
     def project(v):
         return jnp.minimum(1.0, rho / norm(v)) * v
 
-    def riemannian(g):
-        return ravel_pytree(geometry.riemannian(fac, unravel(g)))[0]
-
-    value_and_grad = jax.value_and_grad(lambda v: objective(unravel(v)))
+    v0 = geometry.join(geometry.start(key, w, fac))
     v0 = 0.5 * rho * v0 / norm(v0)
     ftype = base.dtype
 
@@ -432,16 +520,16 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
     )
 
     # Iteration k = 1..n_iter of Auto-PGD is loop step k; step 0 only evaluates the start point.
-    # One value-and-gradient per step, traced once: the gradient at the new point is carried to the
-    # next step (and the best point's gradient kept for restarts), so no forward pass is repeated.
+    # One value-and-gradient per step, traced once: the Riemannian gradient at the new point is
+    # carried to the next step (and the best point's kept for restarts), so no forward pass is repeated.
     def body(k, s):
         start = k == 0
-        rg = riemannian(s["g"])
+        rg = s["g"]
         step = jnp.where(start, 0.0, s["eta"]) / norm(rg)
         z = project(s["x"] + step * rg)
         mom = jnp.where(k <= 1, 1.0, momentum).astype(ftype)  # the first iteration takes z itself
         x_new = project(s["x"] + mom * (z - s["x"]) + (1 - mom) * (s["x"] - s["x_prev"]))
-        f_new, g_new = value_and_grad(x_new)
+        f_new, g_new = value_and_riemannian_grad(x_new)
         succ = s["succ"] + ((f_new > s["f"]) & ~start).astype(jnp.int32)
         better = f_new > s["best_f"]
         best_x = jnp.where(better, x_new, s["best_x"])
@@ -466,7 +554,7 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
         )
 
     s = jax.lax.fori_loop(0, n_iter + 1, body, state)
-    delta = geometry.perturb(w, fac, unravel(s["best_x"]))
+    delta, _ = geometry.perturb(w, fac, geometry.split(s["best_x"], shapes))
     perturbation = jax.tree_util.tree_unflatten(treedef, [d - wi for d, wi in zip(delta, w)])
     return s["best_f"] - base, perturbation
 
@@ -550,9 +638,7 @@ def adaptive_sharpness(
     0.02
     """
     if kind == "worst":
-        return _over_batches(
-            loss_fn, _Geometry(None, geodesic=False), params, batches, rho, key, n_iter, momentum
-        )
+        return _over_batches(loss_fn, _Geometry(None), params, batches, rho, key, n_iter, momentum)
     if kind != "average":
         raise GeometryError(f"adaptive_sharpness: kind must be 'worst' or 'average', got {kind!r}.")
     n = _check_common(rho, batches, n_iter)
@@ -611,7 +697,7 @@ def geodesic_sharpness(
             f"the SymmetrySpec was built for a pytree with {spec.num_leaves} leaves, but params has {n_leaves}; "
             "build the spec from these params."
         )
-    return _over_batches(loss_fn, _Geometry(spec, geodesic=True), params, batches, rho, key, n_iter, momentum)
+    return _over_batches(loss_fn, _Geometry(spec), params, batches, rho, key, n_iter, momentum)
 
 
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:

@@ -212,7 +212,13 @@ def test_grading_script_scores_a_solution_a_blank_and_a_broken_notebook(tmp_path
     broken.cells.insert(3, nbformat.v4.new_code_cell("1 / 0"))
     nbformat.write(broken, tmp_path / "broken.ipynb")
     run = subprocess.run(
-        [sys.executable, str(KIT / "grade.py"), str(sol), str(KIT / sol.name), str(tmp_path / "broken.ipynb")],
+        [
+            sys.executable,
+            str(KIT / "grade.py"),
+            str(sol),
+            str(KIT / sol.name),
+            str(tmp_path / "broken.ipynb"),
+        ],
         capture_output=True,
         text=True,
     )

@@ -275,3 +275,89 @@ def test_gl1_geodesic_sharpness_scalar_toy_closed_form():
     np.testing.assert_allclose(res2.sharpness, res.sharpness, rtol=1e-9)
     with pytest.raises(mg.GeometryError, match=r"equal shapes"):
         mg.symmetry_spec({"u": jnp.ones(2), "v": jnp.ones(3)}, gl1_pairs=[(("u",), ("v",))])
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-2])
+def test_search_geometry_matches_the_quotient_functions(eps):
+    """The Auto-PGD search runs in whitened coordinates z = xi P^{-1/2} with a hand-written chain rule
+    and a projection from h x h matrices only; it must equal the public quotient functions: the
+    norm is metric (15), the perturbed point is ``geodesic_step`` (eq. 7), and the search gradient
+    is the horizontal projection of the Riemannian gradient of loss(geodesic_step(xi)) by autodiff."""
+    from scipy.linalg import sqrtm
+
+    from minigeo.sharpness import _Geometry
+
+    r = rng(21)
+    params = {
+        "Wq": jnp.asarray(r.normal(size=(2, 5, 3))),
+        "bq": jnp.asarray(r.normal(size=(2, 3))),
+        "Wk": jnp.asarray(r.normal(size=(2, 4, 3))),
+        "u": jnp.asarray(r.uniform(0.5, 2.0, size=4)),
+        "v": jnp.asarray(r.uniform(-2.0, -0.5, size=4)),
+        "c": jnp.asarray(r.normal(size=6)),
+    }
+    spec = mg.symmetry_spec(
+        params, [(mg.with_bias(("Wq",), ("bq",)), ("Wk",))], gl1_pairs=[(("u",), ("v",))], eps=eps
+    )
+    X = jnp.asarray(r.normal(size=(7, 5)))
+
+    def loss(p):
+        scores = (
+            jnp.einsum("tn,hnk,hmk->htm", X, p["Wq"], p["Wk"])
+            + jnp.einsum("hk,hmk->hm", p["bq"], p["Wk"])[:, None]
+        )
+        return (
+            jnp.sum(jnp.tanh(scores) ** 2)
+            + jnp.sum(jnp.sin(p["u"] * p["v"]))
+            + jnp.sum(jnp.cos(p["c"]) * p["c"])
+        )
+
+    geometry = _Geometry(spec)
+    w, treedef = jax.tree_util.tree_flatten(params)
+    fac = geometry.factors(w)
+    parts = [jnp.asarray(r.normal(size=s)) * 0.3 for s in geometry.shapes(w)]
+    moved, caches = geometry.perturb(w, fac, parts)
+    grad = jax.grad(lambda leaves: loss(jax.tree_util.tree_unflatten(treedef, leaves)))(moved)
+    fast = geometry.riemannian(w, fac, parts, caches, moved, grad)
+
+    # the reference, in the coordinates xi = z P^{1/2} of the public functions
+    G = jnp.concatenate([params["Wq"], params["bq"][:, None, :]], axis=1)
+    H = params["Wk"]
+    half = lambda M: jnp.stack(
+        [jnp.asarray(np.real(sqrtm(np.asarray(m.T @ m) + eps * np.eye(3)))) for m in M]
+    )
+    PH, QH = half(G), half(H)
+    zG, zH, b, zc = parts
+    np.testing.assert_allclose(
+        jnp.sum(zG**2) + jnp.sum(zH**2),
+        mg.gl_metric((G, H), (zG @ PH, zH @ QH), (zG @ PH, zH @ QH), eps=eps),
+        rtol=1e-12,
+    )
+
+    def perturbed(xiG, xiH, b, zc):
+        G1, H1 = mg.geodesic_step((G, H), (xiG, xiH), eps=eps)
+        u1, v1 = mg.gl1_geodesic(
+            (params["u"], params["v"]), (params["u"] * b / np.sqrt(2), params["v"] * b / np.sqrt(2))
+        )
+        return {
+            "Wq": G1[:, :-1],
+            "bq": G1[:, -1],
+            "Wk": H1,
+            "u": u1,
+            "v": v1,
+            "c": params["c"] + jnp.abs(params["c"]) * zc,
+        }
+
+    ref_moved = perturbed(zG @ PH, zH @ QH, b, zc)
+    for a, e in zip(moved, jax.tree_util.tree_leaves(ref_moved)):
+        np.testing.assert_allclose(a, e, rtol=1e-12, atol=1e-12)
+    gxG, gxH, gb, gzc = jax.grad(lambda *xs: loss(perturbed(*xs)), argnums=(0, 1, 2, 3))(
+        zG @ PH, zH @ QH, b, zc
+    )
+    riem = mg.riemannian_gradient((G, H), (gxG, gxH), eps=eps)
+    hG, hH = mg.horizontal_projection((G, H), riem, eps=eps)
+    Pm, Qm = jnp.linalg.inv(PH), jnp.linalg.inv(QH)
+    np.testing.assert_allclose(fast[0], hG @ Pm, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(fast[1], hH @ Qm, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(fast[2], gb, rtol=1e-12, atol=1e-14)
+    np.testing.assert_allclose(fast[3], gzc, rtol=1e-12, atol=1e-14)
