@@ -18,7 +18,6 @@ Usage:
 from __future__ import annotations
 
 import argparse
-import math
 import resource
 import sys
 from pathlib import Path
@@ -87,23 +86,19 @@ def main() -> int:
     w = jax.tree_util.tree_leaves(params)
     factors = jax.jit(geometry.factors)
     fac = factors(w)
-    shapes = geometry.shapes(w)
-    v = jax.random.normal(key, (sum(math.prod(s) for s in shapes),)) * 1e-3
-    grad_w = grad(params, (images[0], labels[0]))
+    parts = [1e-3 * jax.random.normal(key, shape) for shape in geometry.shapes(w)]
+    grad_w = jax.tree_util.tree_leaves(grad(params, (images[0], labels[0])))
 
     @jax.jit
     def geometry_step(
-        w, fac, v, grad_w
-    ):  # all the geodesic iteration adds around the loss's value and gradient
-        parts = geometry.split(v, shapes)
+        w, fac, parts, grad_w
+    ):  # all a geodesic iteration adds around the loss's value and gradient
         moved, caches = geometry.perturb(w, fac, parts)
-        return geometry.join(
-            geometry.riemannian(w, fac, parts, caches, moved, jax.tree_util.tree_leaves(grad_w))
-        )
+        return geometry.riemannian(w, fac, parts, caches, moved, grad_w)
 
     solves = jax.jit(lambda fac: [sylvester_with(f, f.P) for f in fac])
     t_fac = median_time(factors, w, repeats=args.repeats, warmup=1)
-    t_geom = median_time(geometry_step, w, fac, v, grad_w, repeats=max(args.repeats, 5), warmup=1)
+    t_geom = median_time(geometry_step, w, fac, parts, grad_w, repeats=max(args.repeats, 5), warmup=1)
     t_solve = median_time(solves, fac, repeats=max(args.repeats, 5), warmup=1)
 
     print(f"  gradient                      {t_grad:9.4f} s")

@@ -294,12 +294,12 @@ def _side_backward(M, z, R, Ri, gram, cache, D):
 class _Geometry:
     """The search space of Auto-PGD: coordinates in which the norm of the ball is Euclidean.
 
-    The search runs on one flat vector, laid out as: for each GL(h) pair, its two sides as
+    The search runs on a list of arrays ("parts"): for each GL(h) pair, its two sides as
     matrices (bias row included) in **whitened** coordinates ``z = xi P^{-1/2}`` and
     ``xi Q^{-1/2}`` (metric (15) becomes the Frobenius inner product); for each GL(1) pair
     ``(u, v)``, ``b = sqrt(2) B`` where ``B`` is the common log-rate of its horizontal velocities
     (``xi_u = u B``, ``xi_v = v B``; metric ``2 B^2 = b^2``); for every other leaf, ``z`` with
-    ``xi = |w| z`` (the adaptive norm).  So the norm is the vector's 2-norm, the ball projection
+    ``xi = |w| z`` (the adaptive norm).  So the norm is the parts' joint 2-norm, the ball projection
     a rescaling, and the Riemannian gradient the gradient in these coordinates followed by the
     horizontal projection of each pair.
 
@@ -349,23 +349,10 @@ class _Geometry:
         """Per-pair factorizations of metric (15) at the base point (constant during the search)."""
         return [whitened_factors(G, H, self.eps) for G, H in self.matrices(w)]
 
-    # -- the flat layout --------------------------------------------------------------------
     def shapes(self, w: list) -> list[tuple[int, ...]]:
+        """The shapes of the parts: pair sides (bias rows included), GL(1) rates, other leaves."""
         sides = [jnp.shape(m) for G, H in self.matrices(w) for m in (G, H)]  # abstract under jit: free
         return sides + [jnp.shape(w[u]) for u, _ in self.gl1] + [jnp.shape(w[i]) for i in self.others(w)]
-
-    @staticmethod
-    def join(parts: list) -> jax.Array:
-        return jnp.concatenate([jnp.ravel(p) for p in parts])
-
-    @staticmethod
-    def split(v: jax.Array, shapes: list) -> list:
-        out, start = [], 0
-        for shape in shapes:
-            n = math.prod(shape)
-            out.append(v[start : start + n].reshape(shape))
-            start += n
-        return out
 
     # -- the perturbed point and the Riemannian gradient ------------------------------------
     def perturb(self, w: list, fac: list, parts: list) -> tuple[list, list]:
@@ -478,41 +465,49 @@ def _check_common(rho: float, batches: PyTree, n_iter: int) -> int:
 def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum: float):
     w, treedef = jax.tree_util.tree_flatten(params)
     fac = geometry.factors(w)
-    shapes = geometry.shapes(w)
     base = loss_fn(params, batch)
     loss_at = jax.value_and_grad(lambda leaves: loss_fn(jax.tree_util.tree_unflatten(treedef, leaves), batch))
 
-    # The search runs on one flat vector in coordinates where the ball is Euclidean (few
-    # loop-carried buffers keep XLA's compile time low); see _Geometry.
-    def value_and_riemannian_grad(v):
-        parts = geometry.split(v, shapes)
+    # The search runs on the list of per-segment arrays (pair sides, GL(1) rates, other leaves)
+    # in coordinates where the ball is Euclidean; see _Geometry.  Keeping the segments apart
+    # (instead of one raveled vector) saves a copy of every parameter per iteration.
+    tmap = jax.tree_util.tree_map
+
+    def value_and_riemannian_grad(parts):
         moved, caches = geometry.perturb(w, fac, parts)
         f, grad = loss_at(moved)
-        return f, geometry.join(geometry.riemannian(w, fac, parts, caches, moved, grad))
+        return f, geometry.riemannian(w, fac, parts, caches, moved, grad)
 
     def norm(v):
-        sq = jnp.sum(v * v)
+        sq = sum((jnp.sum(p * p) for p in v), jnp.zeros((), ftype))
         return jnp.sqrt(jnp.maximum(sq, jnp.finfo(sq.dtype).tiny))
 
-    def project(v):
-        return jnp.minimum(1.0, rho / norm(v)) * v
+    def scale(c, v):
+        return [c * p for p in v]
 
-    v0 = geometry.join(geometry.start(key, w, fac))
-    v0 = 0.5 * rho * v0 / norm(v0)
+    def project(v):
+        return scale(jnp.minimum(1.0, rho / norm(v)), v)
+
+    def where(cond, a, b):
+        return tmap(lambda x, y: jnp.where(cond, x, y), a, b)
+
     ftype = base.dtype
+    v0 = geometry.start(key, w, fac)
+    v0 = scale(0.5 * rho / norm(v0), v0)
 
     checkpoints = jnp.zeros(n_iter + 1, dtype=bool).at[jnp.asarray(_checkpoints(n_iter))].set(True)
     eta0 = jnp.asarray(2.0 * rho, ftype)
     none = jnp.asarray(-jnp.inf, ftype)
+    zeros = [jnp.zeros_like(p) for p in v0]
     state = dict(
         x=v0,
         x_prev=v0,
         f=none,
-        g=jnp.zeros_like(v0),
+        g=zeros,
         eta=eta0,
         best_x=v0,
         best_f=none,
-        best_g=jnp.zeros_like(v0),
+        best_g=zeros,
         succ=jnp.zeros((), jnp.int32),
         last_ck=jnp.zeros((), jnp.int32),
         eta_ck=eta0,
@@ -526,23 +521,25 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
         start = k == 0
         rg = s["g"]
         step = jnp.where(start, 0.0, s["eta"]) / norm(rg)
-        z = project(s["x"] + step * rg)
+        z = project(tmap(lambda x, r: x + step * r, s["x"], rg))
         mom = jnp.where(k <= 1, 1.0, momentum).astype(ftype)  # the first iteration takes z itself
-        x_new = project(s["x"] + mom * (z - s["x"]) + (1 - mom) * (s["x"] - s["x_prev"]))
+        x_new = project(
+            tmap(lambda x, zz, xp: x + mom * (zz - x) + (1 - mom) * (x - xp), s["x"], z, s["x_prev"])
+        )
         f_new, g_new = value_and_riemannian_grad(x_new)
         succ = s["succ"] + ((f_new > s["f"]) & ~start).astype(jnp.int32)
         better = f_new > s["best_f"]
-        best_x = jnp.where(better, x_new, s["best_x"])
-        best_g = jnp.where(better, g_new, s["best_g"])
+        best_x = where(better, x_new, s["best_x"])
+        best_g = where(better, g_new, s["best_g"])
         best_f = jnp.where(better, f_new, s["best_f"])
         at_ck = checkpoints[k]
         span = (k - s["last_ck"]).astype(ftype)
         halve = at_ck & ((succ < 0.75 * span) | ((s["eta"] == s["eta_ck"]) & (best_f == s["best_ck"])))
         return dict(
-            x=jnp.where(halve, best_x, x_new),
-            x_prev=jnp.where(halve, best_x, s["x"]),
+            x=where(halve, best_x, x_new),
+            x_prev=where(halve, best_x, s["x"]),
             f=jnp.where(halve, best_f, f_new),
-            g=jnp.where(halve, best_g, g_new),
+            g=where(halve, best_g, g_new),
             eta=jnp.where(halve, s["eta"] / 2, s["eta"]),
             best_x=best_x,
             best_f=best_f,
@@ -554,7 +551,7 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
         )
 
     s = jax.lax.fori_loop(0, n_iter + 1, body, state)
-    delta, _ = geometry.perturb(w, fac, geometry.split(s["best_x"], shapes))
+    delta, _ = geometry.perturb(w, fac, s["best_x"])
     perturbation = jax.tree_util.tree_unflatten(treedef, [d - wi for d, wi in zip(delta, w)])
     return s["best_f"] - base, perturbation
 
