@@ -46,6 +46,32 @@ def per_iteration(run: Callable[[int], object], iters: int, repeats: int = 5) ->
     return (times[2 * iters] - times[iters]) / iters
 
 
+def interleaved_per_iteration(runs: dict[str, Callable[[int], object]], iters: int, repeats: int = 5) -> dict:
+    """Seconds per iteration of several ``run(n_iter)`` functions, as :func:`per_iteration`, but
+    timed in interleaved rounds (every run with ``iters`` and ``2 * iters`` once per round) so
+    that slow drifts of a shared machine hit all of them alike.  Returns, per name, the median
+    over rounds, and under ``"ratios"`` the median over rounds of each run's time divided by the
+    first run's (the ratio is taken within a round)."""
+    for run in runs.values():
+        jax.block_until_ready(run(iters))
+        jax.block_until_ready(run(2 * iters))
+    samples: dict[str, list[float]] = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            t = {}
+            for n in (iters, 2 * iters):
+                t0 = time.perf_counter()
+                jax.block_until_ready(run(n))
+                t[n] = time.perf_counter() - t0
+            samples[name].append((t[2 * iters] - t[iters]) / iters)
+    first = next(iter(runs))
+    out: dict = {name: statistics.median(v) for name, v in samples.items()}
+    out["ratios"] = {
+        name: statistics.median(a / b for a, b in zip(v, samples[first])) for name, v in samples.items()
+    }
+    return out
+
+
 def describe_machine() -> str:
     dev = jax.devices()[0]
     return f"jax {jax.__version__}, backend {jax.default_backend()} ({dev.device_kind}), python {platform.python_version()}"

@@ -356,27 +356,45 @@ class _Geometry:
 
     # -- the perturbed point and the Riemannian gradient ------------------------------------
     def perturb(self, w: list, fac: list, parts: list) -> tuple[list, list]:
-        """The perturbed weights (eq. 7 on the pairs, eq. 10 on GL(1) pairs, ``w + |w| z`` elsewhere)."""
-        out: list = [None] * len(w)
+        """The perturbed weights, segment by segment like ``parts``: eq. (7) on the pair sides (as
+        matrices, bias rows included), eq. (10) on GL(1) pairs (a tuple ``(u', v')``) and
+        ``w + |w| z`` elsewhere; :meth:`assemble` turns them into the list of leaves."""
+        out: list = []
         caches = []
-        for j, ((gs, hs), f) in enumerate(zip(self.pairs, fac)):
+        for j, f in enumerate(fac):
             G1, cG = _side_forward(f.G, parts[2 * j], f.P_half, f.P_mhalf)
             H1, cH = _side_forward(f.H, parts[2 * j + 1], f.Q_half, f.Q_mhalf)
-            self.scatter(out, gs, G1)
-            self.scatter(out, hs, H1)
+            out += [G1, H1]
             caches.append((cG, cH))
         k = 2 * len(self.pairs)
         for j, (ui, vi) in enumerate(self.gl1):  # exact horizontal geodesic, paper 004 eq. (10)
             B = parts[k + j] / math.sqrt(2.0)
-            out[ui], out[vi] = w[ui] * jnp.exp(B), w[vi] * jnp.exp(B)
+            out.append((w[ui] * jnp.exp(B), w[vi] * jnp.exp(B)))
         k += len(self.gl1)
         for j, i in enumerate(self.others(w)):
-            out[i] = w[i] + jnp.abs(w[i]) * parts[k + j]
+            out.append(w[i] + jnp.abs(w[i]) * parts[k + j])
         return out, caches
+
+    def assemble(self, w: list, moved: list) -> list:
+        """The list of leaves from the segments of :meth:`perturb` (the pair sides' bias rows split off).
+
+        Called inside the differentiated loss, so the gradient arrives per segment: a pair side's
+        gradient is one matrix, with no concatenation of weight and bias gradients."""
+        out: list = [None] * len(w)
+        for j, (gs, hs) in enumerate(self.pairs):
+            self.scatter(out, gs, moved[2 * j])
+            self.scatter(out, hs, moved[2 * j + 1])
+        k = 2 * len(self.pairs)
+        for j, (ui, vi) in enumerate(self.gl1):
+            out[ui], out[vi] = moved[k + j]
+        k += len(self.gl1)
+        for j, i in enumerate(self.others(w)):
+            out[i] = moved[k + j]
+        return out
 
     def riemannian(self, w: list, fac: list, parts: list, caches: list, moved: list, grad: list) -> list:
         r"""The Riemannian gradient, in the search coordinates, of ``loss(perturb(parts))``, given the
-        Euclidean gradient ``grad`` of the loss at the perturbed weights ``moved``.
+        Euclidean gradient ``grad`` of the loss with respect to the segments ``moved`` of :meth:`perturb`.
 
         On a pair, the gradient in whitened coordinates is projected onto the horizontal space:
         with :math:`\xi = (g_G P^{1/2}, g_H Q^{1/2})`, :math:`X` solves
@@ -385,9 +403,8 @@ class _Geometry:
         """
         out = []
         eye = None
-        for j, ((gs, hs), f, (cG, cH)) in enumerate(zip(self.pairs, fac, caches)):
-            zG, zH = parts[2 * j], parts[2 * j + 1]
-            DG, DH = self.gather(grad, gs), self.gather(grad, hs)
+        for j, (f, (cG, cH)) in enumerate(zip(fac, caches)):
+            zG, zH, DG, DH = parts[2 * j], parts[2 * j + 1], grad[2 * j], grad[2 * j + 1]
             if eye is None or eye.shape[-1] != f.P.shape[-1]:
                 eye = jnp.eye(f.P.shape[-1], dtype=f.P.dtype)
             (KG, NG, CG), GtgG = _side_backward(f.G, zG, f.P_half, f.P_mhalf, f.P - self.eps * eye, cG, DG)
@@ -395,31 +412,39 @@ class _Geometry:
             X = sylvester_with(f, f.P @ HtgH @ f.Q_half - f.P_half @ _mT(GtgG) @ f.Q)
             out.append(DG @ KG + f.G @ (NG + _mT(X) @ f.P_mhalf) + zG @ CG)
             out.append(DH @ KH + f.H @ (NH - X @ f.Q_mhalf) + zH @ CH)
-        for ui, vi in self.gl1:
-            out.append((grad[ui] * moved[ui] + grad[vi] * moved[vi]) / math.sqrt(2.0))
-        for i in self.others(w):
-            out.append(jnp.abs(w[i]) * grad[i])
+        k = 2 * len(self.pairs)
+        for j in range(len(self.gl1)):
+            (u1, v1), (gu, gv) = moved[k + j], grad[k + j]
+            out.append((gu * u1 + gv * v1) / math.sqrt(2.0))
+        k += len(self.gl1)
+        for j, i in enumerate(self.others(w)):
+            out.append(jnp.abs(w[i]) * grad[k + j])
         return out
 
     def start(self, key: jax.Array, w: list, fac: list) -> list:
         r"""An equivariant random start: random ``z`` for element-wise leaves and GL(1) pairs, and for
-        each GL(h) pair the Riemannian gradient of a random linear function of :math:`GH^\top`
-        (which moves with the group).  One draw for all leaves: a separate threefry per leaf
-        multiplies XLA's compile time."""
-        k_z, k_r = jax.random.split(key)
-        x0 = _normal_like(k_z, w)
-        Rs = _normal_like(
-            k_r, [jax.ShapeDtypeStruct(f.G.shape[:-1] + (f.H.shape[-2],), f.G.dtype) for f in fac]
-        )
+        each GL(h) pair the Riemannian gradient of a random linear function
+        :math:`\mathrm{Tr}(R^\top GH^\top)` of :math:`GH^\top` (which moves with the group), with
+        :math:`R = AB^\top` of rank h so that drawing it and applying it cost two products with
+        the tall matrices instead of an ``n x m`` draw and product per head.  One draw for all
+        leaves: a separate threefry per leaf multiplies XLA's compile time."""
+        others = self.others(w)
+        h_dims = [f.G.shape[-1] for f in fac]
+        like = [w[u] for u, _ in self.gl1] + [w[i] for i in others]
+        like += [jax.ShapeDtypeStruct(f.G.shape[:-1] + (h,), f.G.dtype) for f, h in zip(fac, h_dims)]
+        like += [jax.ShapeDtypeStruct(f.H.shape[:-1] + (h,), f.H.dtype) for f, h in zip(fac, h_dims)]
+        draws = _normal_like(key, like)
+        n_el = len(self.gl1) + len(others)
+        As, Bs = draws[n_el : n_el + len(fac)], draws[n_el + len(fac) :]
         parts = []
-        for f, R in zip(fac, Rs):
-            # Euclidean gradients (R H, R^T G) of Tr(R^T G H^T); in whitened coordinates the
-            # Riemannian gradient before projection is g P^{1/2}
-            gG, gH = (R @ f.H) @ f.P_half, (_mT(R) @ f.G) @ f.Q_half
+        for f, A, B in zip(fac, As, Bs):
+            # Euclidean gradients (R H, R^T G) of Tr(R^T G H^T) with R = A B^T; in whitened
+            # coordinates the Riemannian gradient before projection is g P^{1/2} (resp. g Q^{1/2})
+            gG, gH = A @ ((_mT(B) @ f.H) @ f.P_half), B @ ((_mT(A) @ f.G) @ f.Q_half)
             X = sylvester_with(f, f.P @ (_mT(f.H) @ gH) @ f.Q_half - f.P_half @ (_mT(gG) @ f.G) @ f.Q)
             parts += [gG + f.G @ _mT(X) @ f.P_mhalf, gH - f.H @ X @ f.Q_mhalf]
-        parts += [math.sqrt(2.0) * x0[u] for u, _ in self.gl1]
-        parts += [x0[i] for i in self.others(w)]
+        parts += [math.sqrt(2.0) * d for d in draws[: len(self.gl1)]]
+        parts += draws[len(self.gl1) : n_el]
         return parts
 
 
@@ -466,7 +491,9 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
     w, treedef = jax.tree_util.tree_flatten(params)
     fac = geometry.factors(w)
     base = loss_fn(params, batch)
-    loss_at = jax.value_and_grad(lambda leaves: loss_fn(jax.tree_util.tree_unflatten(treedef, leaves), batch))
+    loss_at = jax.value_and_grad(
+        lambda moved: loss_fn(jax.tree_util.tree_unflatten(treedef, geometry.assemble(w, moved)), batch)
+    )
 
     # The search runs on the list of per-segment arrays (pair sides, GL(1) rates, other leaves)
     # in coordinates where the ball is Euclidean; see _Geometry.  Keeping the segments apart
@@ -551,7 +578,7 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
         )
 
     s = jax.lax.fori_loop(0, n_iter + 1, body, state)
-    delta, _ = geometry.perturb(w, fac, s["best_x"])
+    delta = geometry.assemble(w, geometry.perturb(w, fac, s["best_x"])[0])
     perturbation = jax.tree_util.tree_unflatten(treedef, [d - wi for d, wi in zip(delta, w)])
     return s["best_f"] - base, perturbation
 
