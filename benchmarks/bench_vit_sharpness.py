@@ -10,7 +10,7 @@ factorization of metric (15), and the peak memory (GPU: the device's peak bytes 
 process's peak resident set).  Target: ratio <= 1.2 at ViT-B/32 shape.
 
 Usage:
-  python benchmarks/bench_vit_sharpness.py --model b32 --batch 2                # CPU (about 8 minutes)
+  python benchmarks/bench_vit_sharpness.py --model b32 --batch 2                # CPU (about 7 minutes)
   python benchmarks/bench_vit_sharpness.py --model b32 --batch 256 --iters 5    # GPU, paper 004's batch
   python benchmarks/bench_vit_sharpness.py --model small --batch 128 --iters 10
 """
@@ -50,8 +50,8 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", choices=["small", "b32"], default="b32")
     parser.add_argument("--batch", type=int, default=2)
-    parser.add_argument("--iters", type=int, default=4)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--iters", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
     args = parser.parse_args()
 
     config = mm.vit_b32_config() if args.model == "b32" else SMALL
