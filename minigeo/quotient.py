@@ -131,16 +131,23 @@ def _map_matrices(fn, *arrays: jax.Array):
     return jax.tree_util.tree_map(lambda o: o.reshape(batch + o.shape[1:]), out)
 
 
-def _factor_one(P: jax.Array, Q: jax.Array):
-    w, U = jnp.linalg.eigh(P)
-    sqrt_w = jnp.sqrt(w)
-    P_half = (U * sqrt_w[None, :]) @ U.T
-    P_mhalf = (U / sqrt_w[None, :]) @ U.T
+def _powers(M: jax.Array):
+    """``M^{1/2}``, ``M^{-1/2}`` and ``M^{-1}`` of one symmetric positive definite matrix, from one ``eigh``."""
+    w, U = jnp.linalg.eigh(M)
+    r = jnp.sqrt(w)[None, :]
+    return (U * r) @ U.T, (U / r) @ U.T, (U / w[None, :]) @ U.T
+
+
+def _pq_basis(P_half: jax.Array, P_mhalf: jax.Array, Q: jax.Array):
+    """PQ = V diag(d) V^{-1} through the symmetric matrix P^{1/2} Q P^{1/2}."""
     d, V0 = jnp.linalg.eigh(P_half @ Q @ P_half)
-    P_inv = (U / w[None, :]) @ U.T
-    wq, Uq = jnp.linalg.eigh(Q)
-    Q_inv = (Uq / wq[None, :]) @ Uq.T
-    return P_inv, Q_inv, P_half @ V0, V0.T @ P_mhalf, d
+    return P_half @ V0, V0.T @ P_mhalf, d
+
+
+def _factor_one(P: jax.Array, Q: jax.Array):
+    P_half, P_mhalf, P_inv = _powers(P)
+    Q_inv = _powers(Q)[2]
+    return (P_inv, Q_inv, *_pq_basis(P_half, P_mhalf, Q))
 
 
 def pair_factors(G: jax.Array, H: jax.Array, eps: float = 0.0) -> PairFactors:
@@ -173,14 +180,9 @@ class WhitenedFactors(NamedTuple):
 
 
 def _whiten_one(P: jax.Array, Q: jax.Array):
-    w, U = jnp.linalg.eigh(P)
-    P_half = (U * jnp.sqrt(w)[None, :]) @ U.T
-    P_mhalf = (U / jnp.sqrt(w)[None, :]) @ U.T
-    wq, Uq = jnp.linalg.eigh(Q)
-    Q_half = (Uq * jnp.sqrt(wq)[None, :]) @ Uq.T
-    Q_mhalf = (Uq / jnp.sqrt(wq)[None, :]) @ Uq.T
-    d, V0 = jnp.linalg.eigh(P_half @ Q @ P_half)
-    return P_half, P_mhalf, Q_half, Q_mhalf, P_half @ V0, V0.T @ P_mhalf, d
+    P_half, P_mhalf, _ = _powers(P)
+    Q_half, Q_mhalf, _ = _powers(Q)
+    return (P_half, P_mhalf, Q_half, Q_mhalf, *_pq_basis(P_half, P_mhalf, Q))
 
 
 def whitened_factors(G: jax.Array, H: jax.Array, eps: float = 0.0) -> WhitenedFactors:
