@@ -22,9 +22,21 @@ orthogonal to every vertical vector iff :math:`H^\top\eta_H Q^{-1} = P^{-1}\eta_
 
 Paper 004 (Sec. 5.2) prints :math:`A\Lambda + \Lambda A^\top = B` for :math:`\Lambda` itself; read
 literally that is a different equation (:math:`A` is not symmetric) and its solution does not
-give a horizontal vector.  Since :math:`A = P^{1/2}(P^{1/2}QP^{1/2})P^{-1/2}` is diagonalizable
-with positive eigenvalues, the equation is solved through one symmetric eigendecomposition
-(``jnp.linalg.eigh``), batched over heads and ``jit``-compatible.
+give a horizontal vector.
+
+**Numerics: sides, not Gram matrices.**  :math:`A = PQ` is diagonalizable with positive
+eigenvalues, but forming :math:`P = G^\top G` squares the condition number: in float32 an ``eigh``
+of :math:`P` has no correct digit left once :math:`\mathrm{cond}(G) \gtrsim 3\cdot 10^3`, which a
+ViT-B/32 moved along its own symmetry reaches.  Every function here therefore factors the tall
+sides by thin SVDs (:class:`PairFrame`), writes :math:`G = \hat G P^{1/2}` with
+:math:`\hat G` of orthonormal columns, and solves the Sylvester equation in the basis of the SVD
+:math:`Q^{1/2}P^{1/2} = W\Sigma Z^\top`, where it is diagonal with bounded coefficients
+:math:`\sigma_i\sigma_j/(\sigma_i^2+\sigma_j^2) \le \tfrac12`.  The condition number then enters
+once, through a final product with :math:`P^{1/2}`.  Rank is judged on the singular values of the
+sides relative to the dtype (:func:`singular_value_cutoff`); a numerically rank-deficient pair
+raises :class:`GeometryError` when the values are concrete.  All products run at
+``"highest"`` matmul precision whatever the global default (TF32 on NVIDIA GPUs would otherwise
+cost three to four digits).
 
 All functions accept leading batch dimensions (e.g. one pair per attention head):
 ``G`` of shape ``(..., n, h)`` and ``H`` of shape ``(..., m, h)``.
@@ -32,10 +44,12 @@ All functions accept leading batch dimensions (e.g. one pair per attention head)
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._checks import GeometryError, check_finite, is_concrete
 
@@ -84,42 +98,10 @@ def _check_like(point: Pair, vec: Pair, what: str) -> tuple[jax.Array, jax.Array
     return vG, vH
 
 
-def _grams(G: jax.Array, H: jax.Array, eps: float) -> tuple[jax.Array, jax.Array]:
-    if isinstance(eps, (int, float)) and eps < 0:
-        raise GeometryError(f"eps (the relaxation G^T G + eps I) must be >= 0, got {eps}.")
-    h = G.shape[-1]
-    eye = jnp.eye(h, dtype=G.dtype)
-    P = _mT(G) @ G + eps * eye
-    Q = _mT(H) @ H + eps * eye
-    if is_concrete(P, Q):
-        for name, M in (("G^T G", P), ("H^T H", Q)):
-            ev = _map_matrices(jnp.linalg.eigvalsh, M)
-            if bool(jnp.any(ev[..., 0] <= 1e-12 * jnp.maximum(ev[..., -1], 1e-300))):
-                raise GeometryError(
-                    f"{name} (+ eps I) is singular: the pair is not of full column rank h (paper 004, Assumption 5.1). "
-                    "Use the relaxation eps > 0 (e.g. eps=1e-6), App. G.2."
-                )
-    return P, Q
-
-
-class PairFactors(NamedTuple):
-    """Quantities of metric (15) at a point that do not depend on the tangent vectors (computed once, reused)."""
-
-    G: jax.Array
-    H: jax.Array
-    P: jax.Array
-    Q: jax.Array
-    P_inv: jax.Array
-    Q_inv: jax.Array
-    V: jax.Array  # PQ = V diag(d) V^{-1}
-    V_inv: jax.Array
-    d: jax.Array
-
-
 def _map_matrices(fn, *arrays: jax.Array):
     """Apply ``fn`` to one matrix (or matrix tuple) at a time over the leading batch axes, with ``lax.map``.
 
-    Batched LAPACK calls (``eigh``, ``inv``) over many heads and layers have been seen to hang
+    Batched LAPACK calls (``eigh``, ``svd``) over many heads and layers have been seen to hang
     XLA's CPU runtime (jax 0.10, e.g. a (12, 12, 65, 65) ``eigh`` at ViT-B/32 shape); one matrix
     at a time is safe and, for these small matrices, as fast.
     """
@@ -131,95 +113,161 @@ def _map_matrices(fn, *arrays: jax.Array):
     return jax.tree_util.tree_map(lambda o: o.reshape(batch + o.shape[1:]), out)
 
 
-def _powers(M: jax.Array):
-    """``M^{1/2}``, ``M^{-1/2}`` and ``M^{-1}`` of one symmetric positive definite matrix, from one ``eigh``."""
-    w, U = jnp.linalg.eigh(M)
-    r = jnp.sqrt(w)[None, :]
-    return (U * r) @ U.T, (U / r) @ U.T, (U / w[None, :]) @ U.T
+def _check_eps(eps) -> None:
+    if is_concrete(eps):
+        e = np.asarray(eps)
+        if e.ndim != 0 or not np.isfinite(e) or e < 0:
+            raise GeometryError(f"eps (the relaxation G^T G + eps I) must be a finite scalar >= 0, got {eps!r}.")
 
 
-def _pq_basis(P_half: jax.Array, P_mhalf: jax.Array, Q: jax.Array):
-    """PQ = V diag(d) V^{-1} through the symmetric matrix P^{1/2} Q P^{1/2}."""
-    d, V0 = jnp.linalg.eigh(P_half @ Q @ P_half)
-    return P_half @ V0, V0.T @ P_mhalf, d
+def singular_value_cutoff(n: int, h: int, dtype) -> float:
+    r"""Relative cut-off below which a side's singular values count as zero at this ``dtype``.
+
+    :math:`10\sqrt{\max(n, h)}\,\varepsilon_{\mathrm{dtype}}`: the size of the round-off that a
+    backward-stable SVD of an ``n x h`` matrix leaves on its singular values, relative to the largest,
+    with a safety factor 10.  A side whose smallest singular value (with the relaxation,
+    :math:`\sqrt{s_{\min}^2 + \epsilon}`) falls below ``cutoff * s_max`` is numerically rank deficient.
+    """
+    return 10.0 * math.sqrt(max(n, h)) * float(jnp.finfo(dtype).eps)
 
 
-def _factor_one(P: jax.Array, Q: jax.Array):
-    P_half, P_mhalf, P_inv = _powers(P)
-    Q_inv = _powers(Q)[2]
-    return (P_inv, Q_inv, *_pq_basis(P_half, P_mhalf, Q))
+class PairFrame(NamedTuple):
+    r"""Metric (15) at a pair ``(G, H)``, factored from the **sides** (one thin SVD each), never from their Gram matrices.
 
+    With :math:`G = U S V^\top` and :math:`P = G^\top G + \epsilon I = V(S^2 + \epsilon)V^\top`,
+    the frame holds :math:`\hat G = GP^{-1/2}` (orthonormal columns when :math:`\epsilon = 0`),
+    :math:`P^{\pm 1/2}`, :math:`\hat G^\top\hat G`, the same for ``H``, and the SVD
+    :math:`Q^{1/2}P^{1/2} = W\,\mathrm{diag}(\sigma)\,Z^\top` that diagonalizes :math:`PQ` (its
+    eigenvalues are :math:`\sigma^2`).  Gram matrices would square the condition number (a float32
+    ``eigh`` of :math:`G^\top G` loses every digit once :math:`\mathrm{cond}(G) \gtrsim 3\cdot 10^3`);
+    the SVD of the tall side loses only :math:`\mathrm{cond}(G)\,\varepsilon`.  Every horizontal
+    projection and geodesic below is written with :math:`\hat G`, :math:`\hat H`, ``Z``, ``W`` and
+    :math:`\sigma` so that the condition number enters once (through the final product with
+    :math:`P^{1/2}`), see :func:`horizontal_projection`.
 
-def pair_factors(G: jax.Array, H: jax.Array, eps: float = 0.0) -> PairFactors:
-    """Factorize metric (15) at (G, H): Gram matrices, their inverses, and the eigendecomposition of PQ."""
-    P, Q = _grams(G, H, eps)
-    P_inv, Q_inv, V, V_inv, d = _map_matrices(_factor_one, P, Q)
-    return PairFactors(G, H, P, Q, P_inv, Q_inv, V, V_inv, d)
-
-
-class WhitenedFactors(NamedTuple):
-    """Metric (15) at (G, H) in whitened coordinates ``z = xi P^{-1/2}`` (G side), ``xi Q^{-1/2}`` (H side).
-
-    In these coordinates the metric is the Euclidean (Frobenius) inner product, so norms and
-    the Auto-PGD updates of :mod:`minigeo.sharpness` are element-wise; ``P^{1/2}``,
-    ``P^{-1/2}`` (and the same for ``Q``) convert, and the eigendecomposition of ``PQ``
-    solves the Sylvester equation of the horizontal projection.
+    ``ok`` is ``True`` where both sides have full numerical rank at their dtype (the relaxed smallest
+    singular value above ``singular_value_cutoff * s_max``); ``cond`` is the larger of the two
+    sides' (relaxed) condition numbers.  Both have the pair's batch (head) shape.
     """
 
     G: jax.Array
     H: jax.Array
-    P: jax.Array
-    Q: jax.Array
+    Gn: jax.Array
+    Hn: jax.Array
     P_half: jax.Array
     P_mhalf: jax.Array
     Q_half: jax.Array
     Q_mhalf: jax.Array
-    V: jax.Array  # PQ = V diag(d) V^{-1}
-    V_inv: jax.Array
-    d: jax.Array
+    gram_G: jax.Array
+    gram_H: jax.Array
+    Z: jax.Array
+    W: jax.Array
+    sigma: jax.Array
+    ok: jax.Array
+    cond: jax.Array
 
 
-def _whiten_one(P: jax.Array, Q: jax.Array):
-    P_half, P_mhalf, _ = _powers(P)
-    Q_half, Q_mhalf, _ = _powers(Q)
-    return (P_half, P_mhalf, Q_half, Q_mhalf, *_pq_basis(P_half, P_mhalf, Q))
+def _side_factors(M: jax.Array, eps):
+    n, h = M.shape
+    U, s, Vt = jnp.linalg.svd(M, full_matrices=False)
+    r = jnp.sqrt(s * s + eps)  # singular values of P^{1/2}
+    V = Vt.T
+    c = s / jnp.where(r > 0, r, 1.0)
+    cutoff = singular_value_cutoff(n, h, M.dtype) * jnp.max(s)
+    ok = jnp.all(jnp.isfinite(s)) & (jnp.min(r) > cutoff) & (jnp.min(r) > 0)
+    cond = jnp.max(r) / jnp.maximum(jnp.min(r), jnp.finfo(M.dtype).tiny)
+    r_safe = jnp.where(r > 0, r, 1.0)
+    return (U * c) @ Vt, (V * r) @ Vt, (V / r_safe) @ Vt, (V * (c * c)) @ Vt, ok, cond
 
 
-def whitened_factors(G: jax.Array, H: jax.Array, eps: float = 0.0) -> WhitenedFactors:
-    """Factorize metric (15) at (G, H) for whitened coordinates (square roots of the Gram matrices, eigenbasis of PQ)."""
-    P, Q = _grams(G, H, eps)
-    return WhitenedFactors(G, H, P, Q, *_map_matrices(_whiten_one, P, Q))
+def _frame_one(G: jax.Array, H: jax.Array, eps):
+    with jax.default_matmul_precision("highest"):
+        Gn, P_half, P_mhalf, gram_G, ok_G, cond_G = _side_factors(G, eps)
+        Hn, Q_half, Q_mhalf, gram_H, ok_H, cond_H = _side_factors(H, eps)
+        W, sigma, Zt = jnp.linalg.svd(Q_half @ P_half)
+        return (Gn, Hn, P_half, P_mhalf, Q_half, Q_mhalf, gram_G, gram_H, Zt.T, W, sigma,
+                ok_G & ok_H, jnp.maximum(cond_G, cond_H))
 
 
-def sylvester_with(f: PairFactors | WhitenedFactors, B: jax.Array) -> jax.Array:
-    """Solve (PQ) X + X (PQ) = B through the eigendecomposition PQ = V diag(d) V^{-1}."""
-    C = f.V_inv @ B @ f.V
-    return f.V @ (C / (f.d[..., :, None] + f.d[..., None, :])) @ f.V_inv
+def pair_frame(G: jax.Array, H: jax.Array, eps=0.0) -> PairFrame:
+    """Factor metric (15) at ``(G, H)`` from thin SVDs of the sides (see :class:`PairFrame`); batched over heads."""
+    _check_eps(eps)
+    eps = jnp.asarray(eps, G.dtype)
+    return PairFrame(G, H, *_map_matrices(lambda g, hh: _frame_one(g, hh, eps), G, H))
 
 
-def metric_with(f: PairFactors, eta: Pair, zeta: Pair) -> jax.Array:
-    """Metric (15) from precomputed factors."""
-    a = jnp.trace(f.P_inv @ (_mT(eta[0]) @ zeta[0]), axis1=-2, axis2=-1)
-    b = jnp.trace(f.Q_inv @ (_mT(eta[1]) @ zeta[1]), axis1=-2, axis2=-1)
-    return jnp.sum(a + b)
+def _raise_if_singular(f: PairFrame, who: str) -> None:
+    """Eagerly: raise if a pair is numerically rank deficient at its dtype (paper 004, Assumption 5.1)."""
+    if not is_concrete(f.ok):
+        return
+    ok = np.asarray(f.ok)
+    if ok.all():
+        return
+    bad = tuple(int(i) for i in np.argwhere(~ok)[0]) if ok.ndim else ()
+    cond = float(np.max(np.asarray(f.cond)[~ok])) if ok.ndim else float(f.cond)
+    n, m, h = f.G.shape[-2], f.H.shape[-2], f.G.shape[-1]
+    raise GeometryError(
+        f"{who}: the pair (G, H) is numerically rank deficient at {f.G.dtype} (batch index {bad}; "
+        f"condition number of a side {cond:.3g}, cut-off {1 / singular_value_cutoff(max(n, m), h, f.G.dtype):.3g}): "
+        "metric (15) needs full column rank h (paper 004, Assumption 5.1). Use the relaxation eps > 0 "
+        "(e.g. eps=1e-6, App. G.2), float64, or a better-conditioned point."
+    )
 
 
-def horizontal_with(f: PairFactors, xi: Pair) -> Pair:
-    """Horizontal projection from precomputed factors: solve (PQ) X + X (PQ) = P H^T xi_H - xi_G^T G Q."""
-    xG, xH = xi
-    B = f.P @ _mT(f.H) @ xH - _mT(xG) @ f.G @ f.Q
-    X = sylvester_with(f, B)
-    return xG + f.G @ _mT(X), xH - f.H @ X
+def _whitened_projection(f: PairFrame, GtG: jax.Array, HtH: jax.Array):
+    r"""Horizontal projection in whitened coordinates ``z = xi P^{-1/2}`` (G side), ``xi Q^{-1/2}`` (H side).
+
+    For a whitened vector ``(gG, gH)``, ``GtG = Gn^T gG`` and ``HtH = Hn^T gH`` (h x h).  Returns the two h x h corrections ``(cG, cH)``:
+    the projection is ``(gG + Gn cG, gH - Hn cH)``.  With :math:`a = Z^\top g_G^\top\hat G Z`,
+    :math:`b = W^\top\hat H^\top g_H W`, the Sylvester equation of the module notes becomes
+    diagonal in these bases: :math:`Y_{ij} = (\sigma_i\sigma_j b_{ij} - \sigma_j^2 a_{ij})/(\sigma_i^2+\sigma_j^2)`,
+    :math:`c_G = Z Y^\top Z^\top`, :math:`c_H = W\,\Sigma Y\Sigma^{-1} W^\top`; every factor is
+    bounded, so no condition number is amplified.
+    """
+    s = f.sigma
+    si, sj = s[..., :, None], s[..., None, :]
+    denom = si * si + sj * sj
+    denom = jnp.where(denom > 0, denom, 1.0)
+    a = _mT(f.Z) @ _mT(GtG) @ f.Z
+    b = _mT(f.W) @ HtH @ f.W
+    Y = (si * sj * b - sj * sj * a) / denom
+    Yh = (si * si * b - si * sj * a) / denom
+    return f.Z @ _mT(Y) @ _mT(f.Z), f.W @ Yh @ _mT(f.W)
 
 
-def christoffel_with(f: PairFactors, xi: Pair) -> Pair:
-    """Gamma(xi, xi) of eq. (43) from precomputed factors."""
+def _frame(point: Pair, eps, who: str) -> PairFrame:
+    G, H = _check_pair(point)
+    f = pair_frame(G, H, eps)
+    _raise_if_singular(f, who)
+    return f
 
-    def part(M, S_inv, x):
-        A = _mT(x) @ M  # x^T M + M^T x = A + A^T: one product with the tall matrices instead of two
-        return -x @ (S_inv @ (A + _mT(A))) + M @ (S_inv @ (_mT(x) @ x))
 
-    return part(f.G, f.P_inv, xi[0]), part(f.H, f.Q_inv, xi[1])
+def metric_with(f: PairFrame, eta: Pair, zeta: Pair) -> jax.Array:
+    """Metric (15) from a frame: the Frobenius product of the whitened vectors ``eta P^{-1/2}``, ``zeta P^{-1/2}``."""
+    with jax.default_matmul_precision("highest"):
+        a = jnp.sum((eta[0] @ f.P_mhalf) * (zeta[0] @ f.P_mhalf))
+        b = jnp.sum((eta[1] @ f.Q_mhalf) * (zeta[1] @ f.Q_mhalf))
+        return a + b
+
+
+def horizontal_with(f: PairFrame, xi: Pair) -> Pair:
+    """Horizontal projection from a frame, through the whitened coordinates (:func:`_whitened_projection`)."""
+    with jax.default_matmul_precision("highest"):
+        zG, zH = xi[0] @ f.P_mhalf, xi[1] @ f.Q_mhalf
+        cG, cH = _whitened_projection(f, _mT(f.Gn) @ zG, _mT(f.Hn) @ zH)
+        return xi[0] + f.Gn @ (cG @ f.P_half), xi[1] - f.Hn @ (cH @ f.Q_half)
+
+
+def christoffel_with(f: PairFrame, xi: Pair) -> Pair:
+    r"""Gamma(xi, xi) of eq. (43) from a frame: with :math:`z = \xi P^{-1/2}`, :math:`\Gamma_G = (\hat G z^\top z - z(z^\top\hat G + \hat G^\top z))P^{1/2}`."""
+
+    def part(Mn, R, Rm, x):
+        z = x @ Rm
+        u = _mT(z) @ Mn
+        return (Mn @ (_mT(z) @ z) - z @ (u + _mT(u))) @ R
+
+    with jax.default_matmul_precision("highest"):
+        return part(f.Gn, f.P_half, f.P_mhalf, xi[0]), part(f.Hn, f.Q_half, f.Q_mhalf, xi[1])
 
 
 def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str = "inv") -> jax.Array:
@@ -246,9 +294,10 @@ def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str
     eG, eH = _check_like(point, eta, "eta")
     zG, zH = _check_like(point, zeta, "zeta")
     if kind == "inv":
-        return metric_with(pair_factors(G, H, eps), (eG, eH), (zG, zH))
-    P, Q = _grams(G, H, eps)
+        return metric_with(_frame((G, H), eps, "gl_metric"), (eG, eH), (zG, zH))
     if kind == "mix":
+        f = _frame((G, H), eps, "gl_metric")
+        P, Q = _mT(f.P_half) @ f.P_half, _mT(f.Q_half) @ f.Q_half
         a = jnp.trace(Q @ (_mT(eG) @ zG), axis1=-2, axis2=-1)
         b = jnp.trace(P @ (_mT(eH) @ zH), axis1=-2, axis2=-1)
     else:
@@ -309,7 +358,7 @@ def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     """
     G, H = _check_pair(point)
     xG, xH = _check_like(point, xi, "xi")
-    out = horizontal_with(pair_factors(G, H, eps), (xG, xH))
+    out = horizontal_with(_frame((G, H), eps, "horizontal_projection"), (xG, xH))
     check_finite(out, "horizontal_projection", hint="The pair is (nearly) rank deficient: use eps > 0.")
     return out
 
@@ -335,8 +384,10 @@ def riemannian_gradient(point: Pair, egrad: Pair, *, eps: float = 0.0) -> Pair:
     """
     G, H = _check_pair(point)
     gG, gH = _check_like(point, egrad, "egrad")
-    P, Q = _grams(G, H, eps)
-    return gG @ P, gH @ Q
+    _check_eps(eps)
+    eye = jnp.eye(G.shape[-1], dtype=G.dtype)
+    with jax.default_matmul_precision("highest"):
+        return gG @ (_mT(G) @ G + eps * eye), gH @ (_mT(H) @ H + eps * eye)
 
 
 def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
@@ -360,7 +411,7 @@ def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     """
     G, H = _check_pair(point)
     xG, xH = _check_like(point, xi, "xi")
-    return christoffel_with(pair_factors(G, H, eps), (xG, xH))
+    return christoffel_with(_frame((G, H), eps, "christoffel_quadratic"), (xG, xH))
 
 
 def geodesic_step(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:

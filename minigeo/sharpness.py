@@ -30,7 +30,7 @@ import jax.numpy as jnp
 
 from ._checks import GeometryError
 from ._tree import PyTree
-from .quotient import WhitenedFactors, sylvester_with, whitened_factors
+from .quotient import PairFrame, _map_matrices, _whitened_projection, pair_frame
 
 __all__ = [
     "SymmetrySpec",
@@ -260,35 +260,36 @@ def _mT(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, -1, -2)
 
 
-def _side_forward(M: jax.Array, z: jax.Array, R: jax.Array, Ri: jax.Array):
+def _side_forward(Mn: jax.Array, z: jax.Array, R: jax.Array):
     r"""One side of a pair moved along the second-order geodesic, in whitened coordinates.
 
-    With :math:`\xi = zR` (:math:`R = P^{1/2}`, :math:`S = P^{-1} = R^{-2}`), eq. (7) and (43) give
-    :math:`M + \xi - \tfrac12\Gamma(\xi,\xi) = M K_1 + z K_2` with :math:`a = z^\top M`,
-    :math:`c = z^\top z`, :math:`K_1 = I - \tfrac12 R^{-1}cR` and
-    :math:`K_2 = R + \tfrac12(a + R^{-1}a^\top R)`: two products with the tall matrices for
-    the Gram matrices and two for the result.
+    With :math:`M = \hat M R` (:math:`R = P^{1/2}`, :math:`\hat M = MP^{-1/2}`) and :math:`\xi = zR`,
+    eq. (7) and (43) give :math:`M + \xi - \tfrac12\Gamma(\xi,\xi) = \hat M K_1 + z K_2` with
+    :math:`u = z^\top\hat M`, :math:`c = z^\top z`, :math:`K_1 = (I - \tfrac12 c)R` and
+    :math:`K_2 = (I + \tfrac12(u + u^\top))R`: two products with the tall matrices for the small
+    ones and two for the result, and no product with :math:`P^{-1/2}` (whose norm is the condition number).
     """
-    a, c = _mT(z) @ M, _mT(z) @ z
-    eye = jnp.eye(M.shape[-1], dtype=M.dtype)
-    K1 = eye - 0.5 * (Ri @ c @ R)
-    K2 = R + 0.5 * (a + Ri @ _mT(a) @ R)
-    return M @ K1 + z @ K2, (a, K2)
+    u, c = _mT(z) @ Mn, _mT(z) @ z
+    eye = jnp.eye(Mn.shape[-1], dtype=Mn.dtype)
+    K1 = (eye - 0.5 * c) @ R
+    K2 = (eye + 0.5 * (u + _mT(u))) @ R
+    return Mn @ K1 + z @ K2, (u, K2)
 
 
-def _side_backward(M, z, R, Ri, gram, cache, D):
-    """The chain rule of :func:`_side_forward`: the gradient in z is ``D K2^T + M Ca^T + z Cs``.
+def _side_backward(Mn, z, R, gram, cache, D):
+    """The chain rule of :func:`_side_forward`: the gradient in z is ``D K2^T + Mn Cs + z Cc``.
 
-    Returns the three right factors and ``M^T`` times that gradient (from the small matrices
+    Returns the three right factors and ``Mn^T`` times that gradient (from the small matrices
     only: the horizontal projection needs no further product with the tall matrices).
     """
-    a, K2 = cache
-    E1, E2 = _mT(M) @ D, _mT(z) @ D  # d/dK1, d/dK2
-    Cc = -0.5 * (Ri @ E1 @ R)  # d/dc
-    Cs = Cc + _mT(Cc)
-    CaT = 0.5 * (_mT(E2) + Ri @ E2 @ R)  # (d/da)^T
-    MtG = E1 @ _mT(K2) + gram @ CaT + _mT(a) @ Cs
-    return (_mT(K2), CaT, Cs), MtG
+    u, K2 = cache
+    E1, E2 = _mT(Mn) @ D, _mT(z) @ D  # d/dK1, d/dK2
+    Cc = -0.5 * (E1 @ R)  # d/dc
+    Cc = Cc + _mT(Cc)
+    Cs = 0.5 * (E2 @ R)  # d/du
+    Cs = Cs + _mT(Cs)
+    MtG = E1 @ _mT(K2) + gram @ Cs + _mT(u) @ Cc
+    return (_mT(K2), Cs, Cc), MtG
 
 
 class _Geometry:
@@ -345,9 +346,10 @@ class _Geometry:
     def others(self, w: list) -> list[int]:
         return [i for i in range(len(w)) if i not in self.paired]
 
-    def factors(self, w: list) -> list[WhitenedFactors]:
-        """Per-pair factorizations of metric (15) at the base point (constant during the search)."""
-        return [whitened_factors(G, H, self.eps) for G, H in self.matrices(w)]
+    def factors(self, w: list) -> list[PairFrame]:
+        """Per-pair factorizations of metric (15) at the base point, from thin SVDs of the sides
+        (constant during the search, computed once per evaluation for all batches)."""
+        return [pair_frame(G, H, self.eps) for G, H in self.matrices(w)]
 
     def shapes(self, w: list) -> list[tuple[int, ...]]:
         """The shapes of the parts: pair sides (bias rows included), GL(1) rates, other leaves."""
@@ -362,8 +364,8 @@ class _Geometry:
         out: list = []
         caches = []
         for j, f in enumerate(fac):
-            G1, cG = _side_forward(f.G, parts[2 * j], f.P_half, f.P_mhalf)
-            H1, cH = _side_forward(f.H, parts[2 * j + 1], f.Q_half, f.Q_mhalf)
+            G1, cG = _side_forward(f.Gn, parts[2 * j], f.P_half)
+            H1, cH = _side_forward(f.Hn, parts[2 * j + 1], f.Q_half)
             out += [G1, H1]
             caches.append((cG, cH))
         k = 2 * len(self.pairs)
@@ -402,16 +404,13 @@ class _Geometry:
         :math:`(g_G + GX^\top P^{-1/2},\ g_H - HXQ^{-1/2})` (see :mod:`minigeo.quotient`).
         """
         out = []
-        eye = None
         for j, (f, (cG, cH)) in enumerate(zip(fac, caches)):
             zG, zH, DG, DH = parts[2 * j], parts[2 * j + 1], grad[2 * j], grad[2 * j + 1]
-            if eye is None or eye.shape[-1] != f.P.shape[-1]:
-                eye = jnp.eye(f.P.shape[-1], dtype=f.P.dtype)
-            (KG, NG, CG), GtgG = _side_backward(f.G, zG, f.P_half, f.P_mhalf, f.P - self.eps * eye, cG, DG)
-            (KH, NH, CH), HtgH = _side_backward(f.H, zH, f.Q_half, f.Q_mhalf, f.Q - self.eps * eye, cH, DH)
-            X = sylvester_with(f, f.P @ HtgH @ f.Q_half - f.P_half @ _mT(GtgG) @ f.Q)
-            out.append(DG @ KG + f.G @ (NG + _mT(X) @ f.P_mhalf) + zG @ CG)
-            out.append(DH @ KH + f.H @ (NH - X @ f.Q_mhalf) + zH @ CH)
+            (KG, CsG, CcG), GtgG = _side_backward(f.Gn, zG, f.P_half, f.gram_G, cG, DG)
+            (KH, CsH, CcH), HtgH = _side_backward(f.Hn, zH, f.Q_half, f.gram_H, cH, DH)
+            corrG, corrH = _whitened_projection(f, GtgG, HtgH)
+            out.append(DG @ KG + f.Gn @ (CsG + corrG) + zG @ CcG)
+            out.append(DH @ KH + f.Hn @ (CsH - corrH) + zH @ CcH)
         k = 2 * len(self.pairs)
         for j in range(len(self.gl1)):
             (u1, v1), (gu, gv) = moved[k + j], grad[k + j]
@@ -439,10 +438,12 @@ class _Geometry:
         parts = []
         for f, A, B in zip(fac, As, Bs):
             # Euclidean gradients (R H, R^T G) of Tr(R^T G H^T) with R = A B^T; in whitened
-            # coordinates the Riemannian gradient before projection is g P^{1/2} (resp. g Q^{1/2})
-            gG, gH = A @ ((_mT(B) @ f.H) @ f.P_half), B @ ((_mT(A) @ f.G) @ f.Q_half)
-            X = sylvester_with(f, f.P @ (_mT(f.H) @ gH) @ f.Q_half - f.P_half @ (_mT(gG) @ f.G) @ f.Q)
-            parts += [gG + f.G @ _mT(X) @ f.P_mhalf, gH - f.H @ X @ f.Q_mhalf]
+            # coordinates the Riemannian gradient before projection is g P^{1/2} (resp. g Q^{1/2}),
+            # and G = Gn P^{1/2}, H = Hn Q^{1/2}
+            gG = A @ ((_mT(B) @ f.H) @ f.P_half)
+            gH = B @ ((_mT(A) @ f.G) @ f.Q_half)
+            corrG, corrH = _whitened_projection(f, _mT(f.Gn) @ gG, _mT(f.Hn) @ gH)
+            parts += [gG + f.Gn @ corrG, gH - f.Hn @ corrH]
         parts += [math.sqrt(2.0) * d for d in draws[: len(self.gl1)]]
         parts += draws[len(self.gl1) : n_el]
         return parts
