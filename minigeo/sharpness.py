@@ -27,10 +27,11 @@ from typing import Any, Callable, NamedTuple, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
-from ._checks import GeometryError
+from ._checks import GeometryError, check_finite, is_concrete
 from ._tree import PyTree
-from .quotient import PairFrame, _map_matrices, _whitened_projection, pair_frame
+from .quotient import PairFrame, _raise_if_singular, _whitened_projection, pair_frame
 
 __all__ = [
     "SymmetrySpec",
@@ -53,6 +54,9 @@ class SymmetrySpec(NamedTuple):
     """Which leaves of a parameter pytree form GL(h) pairs ``(G, H)`` (used as ``G H^T``), which form
     element-wise GL(1) pairs ``(u, v)`` (used as ``u * v``, e.g. diagonal networks), and, implicitly,
     that all other leaves are treated element-wise by the adaptive recipe.
+
+    ``redundant`` holds leaves the network function does not depend on at all (e.g. attention's
+    key bias): no sharpness measure perturbs them.
 
     Build it with :func:`symmetry_spec`, which checks the paths and shapes.  ``pairs`` holds,
     per GL(h) pair, the leaf indices (in ``jax.tree_util.tree_leaves`` order) of each side:
@@ -79,6 +83,8 @@ class SymmetrySpec(NamedTuple):
     num_leaves: int
     eps: float
     gl1_pairs: tuple[tuple[int, int], ...] = ()
+    redundant: tuple[int, ...] = ()
+    pair_names: tuple[str, ...] = ()
 
 
 class WithBias(NamedTuple):
@@ -138,6 +144,7 @@ def symmetry_spec(
     gl_pairs: Sequence[tuple[Path | WithBias, Path | WithBias]] = (),
     *,
     gl1_pairs: Sequence[tuple[Path, Path]] = (),
+    redundant: Sequence[Path] = (),
     eps: float = 0.0,
 ) -> SymmetrySpec:
     r"""Name the GL(h) pairs of a parameter pytree by their paths, e.g. ``[(("attn", "W_q"), ("attn", "W_k"))]``.
@@ -149,6 +156,14 @@ def symmetry_spec(
     ``gl1_pairs`` name leaves ``(u, v)`` of equal shape used through ``u * v``: they get the
     exact horizontal geodesics :math:`(u e^{B}, v e^{B})` of paper 004, eq. (10).  ``eps`` is
     the relaxation of App. G.2.
+
+    ``redundant`` names leaves that do not change the network function (a direction :math:`v`
+    with :math:`f(w + tv) = f(w)` for all :math:`t`): attention's key bias :math:`b_k` adds
+    :math:`q_i^\top b_k` to every score of query :math:`i`, which the softmax over keys removes.
+    Perturbing such a leaf cannot change the loss but spends the perturbation budget and lets
+    the metric depend on a coordinate the function ignores, so geodesic and adaptive sharpness
+    hold them fixed.  (Paper 004, Example A.1, appends :math:`b_k` to the key side of the pair
+    instead; that is a valid symmetry, but it makes sharpness change when :math:`b_k` is shifted.)
 
     Raises
     ------
@@ -205,9 +220,10 @@ def symmetry_spec(
         i = lookup(entry)
         return (i,), jnp.shape(leaves[i]), str(tuple(entry) if isinstance(entry, (tuple, list)) else entry)
 
-    pairs = []
+    pairs, names = [], []
     for g_entry, h_entry in gl_pairs:
         (g_side, g_shape, g_name), (h_side, h_shape, h_name) = side(g_entry), side(h_entry)
+        names.append(f"{g_name} / {h_name}")
         if len(g_shape) < 2 or len(h_shape) < 2 or g_shape[-1] != h_shape[-1] or g_shape[:-2] != h_shape[:-2]:
             raise GeometryError(
                 f"symmetry_spec: the pair {g_name} {g_shape} / {h_name} {h_shape} must be "
@@ -223,11 +239,27 @@ def symmetry_spec(
                 f"{jnp.shape(leaves[vi])} must have equal shapes (used element-wise as u * v)."
             )
         gl1.append((ui, vi))
-    return SymmetrySpec(tuple(pairs), len(leaves), float(eps), tuple(gl1))
+    fixed = tuple(lookup(path) for path in redundant)
+    return SymmetrySpec(tuple(pairs), len(leaves), float(eps), tuple(gl1), fixed, tuple(names))
+
+
+#: :attr:`SharpnessResult.status` codes: success, a numerically singular GL(h) pair, a non-finite value.
+STATUS_OK, STATUS_SINGULAR_PAIR, STATUS_NON_FINITE = 0, 1, 2
 
 
 class SharpnessResult(NamedTuple):
-    """Sharpness averaged over batches, per batch, and the maximizing perturbation of each batch (stacked).
+    """Sharpness averaged over batches, per batch, the maximizing perturbations, and a status.
+
+    ``perturbation`` is the maximizing perturbation of each batch, stacked along a leading axis,
+    when the call asked for it (``return_perturbation=True``; at ViT-B/32 that is 88 M numbers per
+    batch), else ``None``.
+
+    ``status`` is an int32 scalar: ``0`` (:data:`STATUS_OK`), ``1`` (:data:`STATUS_SINGULAR_PAIR`, a
+    GL(h) pair is numerically rank deficient at its dtype, so metric (15) is undefined there) or
+    ``2`` (:data:`STATUS_NON_FINITE`, the loss or its gradient was NaN/inf at the base point or
+    during the search).  Called eagerly, :func:`adaptive_sharpness` and :func:`geodesic_sharpness`
+    raise :class:`GeometryError` instead of returning a bad status; under ``jax.jit`` they cannot
+    raise, so check ``result.status`` (or ``result.ok``) yourself.
 
     References
     ----------
@@ -242,15 +274,25 @@ class SharpnessResult(NamedTuple):
     >>> loss = lambda p, x: jnp.sum((p["w"] * x) ** 2)
     >>> batches = jnp.ones((2, 3))  # two batches
     >>> res = mg.adaptive_sharpness(loss, {"w": jnp.ones(3)}, batches, 0.1, key=jax.random.PRNGKey(0), n_iter=5)
-    >>> res.per_batch.shape, res.perturbation["w"].shape
-    ((2,), (2, 3))
+    >>> res.per_batch.shape, res.perturbation is None, int(res.status)
+    ((2,), True, 0)
     >>> bool(jnp.isclose(res.sharpness, res.per_batch.mean()))
     True
+    >>> res = mg.adaptive_sharpness(loss, {"w": jnp.ones(3)}, batches, 0.1, key=jax.random.PRNGKey(0),
+    ...                             n_iter=5, return_perturbation=True)
+    >>> res.perturbation["w"].shape  # one maximizing perturbation per batch
+    (2, 3)
     """
 
     sharpness: jax.Array
     per_batch: jax.Array
-    perturbation: PyTree
+    perturbation: PyTree = None
+    status: jax.Array = STATUS_OK
+
+    @property
+    def ok(self) -> jax.Array:
+        """``status == 0``: every pair well conditioned and every value finite (check this under ``jit``)."""
+        return jnp.asarray(self.status) == STATUS_OK
 
 
 # ---------------------------------------------------------------------------
@@ -310,14 +352,21 @@ class _Geometry:
     works on ``h x h`` matrices only.
     """
 
-    def __init__(self, spec: SymmetrySpec | None):
-        self.pairs = spec.pairs if spec is not None else ()
-        self.gl1 = spec.gl1_pairs if spec is not None else ()
-        self.eps = spec.eps if spec is not None else 0.0
-        self.paired = {i for p in self.pairs for side in p for i in side} | {i for p in self.gl1 for i in p}
+    def __init__(self, spec: SymmetrySpec | None, *, adaptive: bool = False):
+        """The geometry of ``spec``'s symmetries; ``adaptive=True`` keeps only its redundant leaves
+        (held fixed) and treats every other leaf element-wise (adaptive sharpness)."""
+        use_pairs = spec is not None and not adaptive
+        self.pairs = spec.pairs if use_pairs else ()
+        self.gl1 = spec.gl1_pairs if use_pairs else ()
+        self.eps = spec.eps if use_pairs else 0.0
+        self.names = spec.pair_names if use_pairs else ()
+        self.fixed = tuple(spec.redundant) if spec is not None else ()
+        self.paired = (
+            {i for p in self.pairs for side in p for i in side} | {i for p in self.gl1 for i in p} | set(self.fixed)
+        )
 
     def _key(self) -> tuple:
-        return (self.pairs, self.gl1, self.eps)
+        return (self.pairs, self.gl1, self.eps, self.fixed)
 
     def __hash__(self) -> int:  # a static argument of the compiled loop: equal geometries share a compilation
         return hash(self._key())
@@ -383,6 +432,8 @@ class _Geometry:
         Called inside the differentiated loss, so the gradient arrives per segment: a pair side's
         gradient is one matrix, with no concatenation of weight and bias gradients."""
         out: list = [None] * len(w)
+        for i in self.fixed:  # redundant directions: never perturbed
+            out[i] = w[i]
         for j, (gs, hs) in enumerate(self.pairs):
             self.scatter(out, gs, moved[2 * j])
             self.scatter(out, hs, moved[2 * j + 1])
@@ -469,10 +520,24 @@ def _checkpoints(n_iter: int) -> list[int]:
     return sorted({math.ceil(q * n_iter) for q in p if 0 < q <= 1.0})
 
 
-def _check_common(rho: float, batches: PyTree, n_iter: int) -> int:
-    if not (isinstance(rho, (int, float)) and rho > 0):
-        raise GeometryError(f"the sharpness radius rho must be > 0, got {rho!r}.")
-    if not (isinstance(n_iter, int) and n_iter >= 1):
+def _check_rho(rho: Any) -> None:
+    """rho may be a Python or NumPy scalar, a 0-d array or a traced value (then unchecked)."""
+    if isinstance(rho, bool) or not (
+        isinstance(rho, (int, float, np.integer, np.floating)) or (hasattr(rho, "shape") and jnp.shape(rho) == ())
+    ):
+        raise GeometryError(f"the sharpness radius rho must be a positive scalar (> 0), got {rho!r}.")
+    if is_concrete(rho):
+        r = float(np.asarray(rho))
+        if not (np.isfinite(r) and r > 0):
+            raise GeometryError(
+                f"the sharpness radius rho must be > 0 and finite, got {r!r} (rho = inf would make every "
+                "loss increase possible; rho <= 0 is an empty ball)."
+            )
+
+
+def _check_common(rho: Any, batches: PyTree, n_iter: int) -> int:
+    _check_rho(rho)
+    if isinstance(n_iter, bool) or not (isinstance(n_iter, (int, np.integer)) and n_iter >= 1):
         raise GeometryError(f"n_iter must be a positive int, got {n_iter!r}.")
     leaves = jax.tree_util.tree_leaves(batches)
     if not leaves:
@@ -487,24 +552,29 @@ def _check_common(rho: float, batches: PyTree, n_iter: int) -> int:
     return sizes.pop()
 
 
-@functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum"))
-def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum: float):
+def _auto_pgd(loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, momentum: float, keep: bool):
+    """Auto-PGD on one batch from the base-point factorization ``fac``; returns (value, all finite, perturbation)."""
     w, treedef = jax.tree_util.tree_flatten(params)
-    fac = geometry.factors(w)
     base = loss_fn(params, batch)
+    ftype = base.dtype
+    rho = jnp.asarray(rho, ftype)
+    highest = functools.partial(jax.default_matmul_precision, "highest")
     loss_at = jax.value_and_grad(
         lambda moved: loss_fn(jax.tree_util.tree_unflatten(treedef, geometry.assemble(w, moved)), batch)
     )
 
     # The search runs on the list of per-segment arrays (pair sides, GL(1) rates, other leaves)
     # in coordinates where the ball is Euclidean; see _Geometry.  Keeping the segments apart
-    # (instead of one raveled vector) saves a copy of every parameter per iteration.
+    # (instead of one raveled vector) saves a copy of every parameter per iteration.  The
+    # geometry runs at "highest" matmul precision; the loss at the caller's.
     tmap = jax.tree_util.tree_map
 
     def value_and_riemannian_grad(parts):
-        moved, caches = geometry.perturb(w, fac, parts)
+        with highest():
+            moved, caches = geometry.perturb(w, fac, parts)
         f, grad = loss_at(moved)
-        return f, geometry.riemannian(w, fac, parts, caches, moved, grad)
+        with highest():
+            return f, geometry.riemannian(w, fac, parts, caches, moved, grad)
 
     def norm(v):
         sq = sum((jnp.sum(p * p) for p in v), jnp.zeros((), ftype))
@@ -519,12 +589,12 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
     def where(cond, a, b):
         return tmap(lambda x, y: jnp.where(cond, x, y), a, b)
 
-    ftype = base.dtype
-    v0 = geometry.start(key, w, fac)
+    with highest():
+        v0 = geometry.start(key, w, fac)
     v0 = scale(0.5 * rho / norm(v0), v0)
 
     checkpoints = jnp.zeros(n_iter + 1, dtype=bool).at[jnp.asarray(_checkpoints(n_iter))].set(True)
-    eta0 = jnp.asarray(2.0 * rho, ftype)
+    eta0 = 2.0 * rho
     none = jnp.asarray(-jnp.inf, ftype)
     zeros = [jnp.zeros_like(p) for p in v0]
     state = dict(
@@ -540,9 +610,11 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
         last_ck=jnp.zeros((), jnp.int32),
         eta_ck=eta0,
         best_ck=none,
+        finite=jnp.isfinite(base),
     )
 
-    # Iteration k = 1..n_iter of Auto-PGD is loop step k; step 0 only evaluates the start point.
+    # Iteration k = 1..n_iter of Auto-PGD is loop step k; step 0 only evaluates the start point,
+    # which always becomes the first best point (so the result is never the initial -inf).
     # One value-and-gradient per step, traced once: the Riemannian gradient at the new point is
     # carried to the next step (and the best point's kept for restarts), so no forward pass is repeated.
     def body(k, s):
@@ -555,8 +627,9 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
             tmap(lambda x, zz, xp: x + mom * (zz - x) + (1 - mom) * (x - xp), s["x"], z, s["x_prev"])
         )
         f_new, g_new = value_and_riemannian_grad(x_new)
+        finite = s["finite"] & jnp.isfinite(f_new) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in g_new]))
         succ = s["succ"] + ((f_new > s["f"]) & ~start).astype(jnp.int32)
-        better = f_new > s["best_f"]
+        better = (f_new > s["best_f"]) | start
         best_x = where(better, x_new, s["best_x"])
         best_g = where(better, g_new, s["best_g"])
         best_f = jnp.where(better, f_new, s["best_f"])
@@ -576,41 +649,94 @@ def _auto_pgd(loss_fn, geometry, params, batch, rho, key, n_iter: int, momentum:
             last_ck=jnp.where(at_ck, k, s["last_ck"]),
             eta_ck=jnp.where(at_ck, s["eta"], s["eta_ck"]),
             best_ck=jnp.where(start, f_new, jnp.where(at_ck, best_f, s["best_ck"])),
+            finite=finite,
         )
 
     s = jax.lax.fori_loop(0, n_iter + 1, body, state)
-    delta = geometry.assemble(w, geometry.perturb(w, fac, s["best_x"])[0])
-    perturbation = jax.tree_util.tree_unflatten(treedef, [d - wi for d, wi in zip(delta, w)])
-    return s["best_f"] - base, perturbation
+    perturbation = None
+    if keep:
+        with highest():
+            delta = geometry.assemble(w, geometry.perturb(w, fac, s["best_x"])[0])
+        perturbation = jax.tree_util.tree_unflatten(treedef, [d - wi for d, wi in zip(delta, w)])
+    return s["best_f"] - base, s["finite"] & jnp.isfinite(s["best_f"]), perturbation
 
 
-@functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum"))
-def _auto_pgd_batches(loss_fn, geometry, params, batches, rho, keys, n_iter: int, momentum: float):
+@functools.partial(jax.jit, static_argnames=("geometry",))
+def _factorize(geometry, params):
+    with jax.default_matmul_precision("highest"):
+        return geometry.factors(jax.tree_util.tree_leaves(params))
+
+
+@functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum", "keep"))
+def _search_batches(loss_fn, geometry, params, fac, batches, rho, keys, n_iter: int, momentum: float, keep: bool):
+    # the base-point factorization ``fac`` is computed once, outside the loop over batches
     return jax.lax.map(
-        lambda kb: _auto_pgd(loss_fn, geometry, params, kb[1], rho, kb[0], n_iter, momentum), (keys, batches)
+        lambda kb: _auto_pgd(loss_fn, geometry, params, fac, kb[1], rho, kb[0], n_iter, momentum, keep),
+        (keys, batches),
     )
 
 
-def _over_batches(loss_fn, geometry, params, batches, rho, key, n_iter, momentum) -> SharpnessResult:
+def _status(pairs_ok: jax.Array, finite: jax.Array) -> jax.Array:
+    return jnp.where(
+        ~pairs_ok, STATUS_SINGULAR_PAIR, jnp.where(jnp.all(finite), STATUS_OK, STATUS_NON_FINITE)
+    ).astype(jnp.int32)
+
+
+def _raise_if_pair_singular(who: str, geometry, fac) -> None:
+    for j, f in enumerate(fac):
+        name = geometry.names[j] if j < len(geometry.names) else f"pair {j}"
+        _raise_if_singular(f, f"{who}: GL(h) pair {j} ({name})")
+
+
+def _raise_if_non_finite(who: str, per_batch, finite) -> None:
+    bad = np.flatnonzero(~np.asarray(finite))
+    if bad.size:
+        raise GeometryError(
+            f"{who}: the loss or its gradient is not finite at the base point or along the search on "
+            f"batch {int(bad[0])} ({bad.size} of {np.size(finite)} batches; values {np.asarray(per_batch)[bad][:3]}). "
+            "Check the loss at params (NaN/inf inputs, log of 0), use float64, or a smaller rho."
+        )
+
+
+def _check_params(params: PyTree, batches: PyTree, who: str) -> None:
+    check_finite(params, f"{who}: params", hint="Sharpness of a point with non-finite weights is undefined.")
+    check_finite(batches, f"{who}: batches", hint="Remove or fix the non-finite inputs.")
+
+
+def _over_batches(loss_fn, geometry, params, batches, rho, key, n_iter, momentum, keep, who) -> SharpnessResult:
     n = _check_common(rho, batches, n_iter)
-    values, perts = _auto_pgd_batches(
-        loss_fn, geometry, params, batches, float(rho), jax.random.split(key, n), n_iter, momentum
+    eager = is_concrete(params, batches, rho, key)
+    if eager:
+        _check_params(params, batches, who)
+    fac = _factorize(geometry, params) if geometry.pairs else []
+    if eager:  # before the (expensive) search
+        _raise_if_pair_singular(who, geometry, fac)
+    values, finite, perts = _search_batches(
+        loss_fn, geometry, params, fac, batches, rho, jax.random.split(key, n), n_iter, momentum, bool(keep)
     )
-    return SharpnessResult(jnp.mean(values), values, perts)
+    pairs_ok = jnp.all(jnp.stack([jnp.all(f.ok) for f in fac])) if fac else jnp.asarray(True)
+    status = _status(pairs_ok, finite)
+    if eager:
+        _raise_if_non_finite(who, values, finite)
+    return SharpnessResult(jnp.mean(values), values, perts, status)
 
 
-@functools.partial(jax.jit, static_argnames=("loss_fn", "n_samples"))
-def _average_case(loss_fn, params, batches, rho, keys, n_samples: int):
+@functools.partial(jax.jit, static_argnames=("loss_fn", "n_samples", "fixed"))
+def _average_case(loss_fn, params, batches, rho, keys, n_samples: int, fixed: tuple):
     w, treedef = jax.tree_util.tree_flatten(params)
 
     def one_batch(kb):
         k, batch = kb
 
         def sample(kk):
-            pert = [wi + jnp.abs(wi) * rho * zi for wi, zi in zip(w, _normal_like(kk, w))]
+            pert = [
+                wi if i in fixed else wi + jnp.abs(wi) * rho * zi for i, (wi, zi) in enumerate(zip(w, _normal_like(kk, w)))
+            ]
             return loss_fn(jax.tree_util.tree_unflatten(treedef, pert), batch)
 
-        return jnp.mean(jax.lax.map(sample, jax.random.split(k, n_samples))) - loss_fn(params, batch)
+        base = loss_fn(params, batch)
+        value = jnp.mean(jax.lax.map(sample, jax.random.split(k, n_samples))) - base
+        return value, jnp.isfinite(value)
 
     return jax.lax.map(one_batch, (keys, batches))
 
@@ -626,6 +752,8 @@ def adaptive_sharpness(
     n_iter: int = 20,
     n_samples: int = 64,
     momentum: float = 0.75,
+    spec: SymmetrySpec | None = None,
+    return_perturbation: bool = False,
 ) -> SharpnessResult:
     r"""Adaptive sharpness: worst case by Auto-PGD, or the average case :math:`\mathbb E_{z\sim\mathcal N(0,\rho^2 I)}L(w + |w|\odot z) - L(w)`.
 
@@ -645,6 +773,23 @@ def adaptive_sharpness(
         PRNG key (random start, average-case samples).
     kind
         ``"worst"`` (Auto-PGD, ``n_iter`` iterations) or ``"average"`` (``n_samples`` Gaussian samples).
+    spec
+        Optional :class:`SymmetrySpec`: only its ``redundant`` leaves are used (held fixed, since
+        the function does not depend on them); its pairs are ignored, as adaptive sharpness treats
+        every leaf element-wise.
+    return_perturbation
+        Keep the maximizing perturbation of every batch (a full copy of the weights per batch).
+
+    Returns
+    -------
+    SharpnessResult
+        With a ``status`` (see there).
+
+    Raises
+    ------
+    GeometryError
+        Eagerly: rho not a positive finite scalar, non-finite params or batches, or a non-finite
+        loss during the search.  Under ``jit`` the values cannot be checked: read ``result.status``.
 
     References
     ----------
@@ -662,17 +807,27 @@ def adaptive_sharpness(
     >>> round(float(res.sharpness), 4)                               # closed form: rho^2 max(b) / 2
     0.02
     """
+    who = "adaptive_sharpness"
+    if spec is not None:
+        _check_spec(spec, params, who)
+    geometry = _Geometry(spec, adaptive=True)
     if kind == "worst":
-        return _over_batches(loss_fn, _Geometry(None), params, batches, rho, key, n_iter, momentum)
+        return _over_batches(
+            loss_fn, geometry, params, batches, rho, key, n_iter, momentum, return_perturbation, who
+        )
     if kind != "average":
         raise GeometryError(f"adaptive_sharpness: kind must be 'worst' or 'average', got {kind!r}.")
     n = _check_common(rho, batches, n_iter)
-    if not (isinstance(n_samples, int) and n_samples >= 1):
+    if isinstance(n_samples, bool) or not (isinstance(n_samples, (int, np.integer)) and n_samples >= 1):
         raise GeometryError(f"adaptive_sharpness: n_samples must be a positive int, got {n_samples!r}.")
-
-    values = _average_case(loss_fn, params, batches, float(rho), jax.random.split(key, n), n_samples)
-    zeros = jax.tree_util.tree_map(lambda x: jnp.zeros((n,) + jnp.shape(x), jnp.result_type(x)), params)
-    return SharpnessResult(jnp.mean(values), values, zeros)
+    eager = is_concrete(params, batches, rho, key)
+    if eager:
+        _check_params(params, batches, who)
+    values, finite = _average_case(loss_fn, params, batches, rho, jax.random.split(key, n), int(n_samples), geometry.fixed)
+    if eager:
+        _raise_if_non_finite(who, values, finite)
+    status = _status(jnp.asarray(True), finite)
+    return SharpnessResult(jnp.mean(values), values, None, status)
 
 
 def geodesic_sharpness(
@@ -685,6 +840,7 @@ def geodesic_sharpness(
     key: jax.Array,
     n_iter: int = 20,
     momentum: float = 0.75,
+    return_perturbation: bool = False,
 ) -> SharpnessResult:
     r"""Worst-case geodesic sharpness on the quotient by the spec's symmetries (paper 004, eq. 8, Algorithm 1).
 
@@ -692,7 +848,25 @@ def geodesic_sharpness(
     :math:`\lVert\xi\rVert_g \le \rho` (metric (15) on the GL(h) pairs of ``spec``, the adaptive
     norm elsewhere) by Auto-PGD with Riemannian gradients and projection onto the
     horizontal ball.  Invariant under :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` on every pair
-    (with ``spec.eps = 0``) and under element-wise rescalings elsewhere.
+    (with ``spec.eps = 0``) and under element-wise rescalings elsewhere; the spec's redundant
+    leaves are not perturbed.
+
+    The metric at the base point is factored once per call (thin SVDs of every pair's sides, at
+    ``"highest"`` matmul precision, shared by all batches); the search itself runs at the caller's
+    precision for the loss and ``"highest"`` for the geometry.
+
+    Returns
+    -------
+    SharpnessResult
+        With a ``status`` (see there); ``perturbation`` only if ``return_perturbation``.
+
+    Raises
+    ------
+    GeometryError
+        Eagerly: a GL(h) pair numerically rank deficient at its dtype (the message names the pair,
+        the head and the remedy: ``eps > 0``, float64, a better-conditioned point), rho not a
+        positive finite scalar, non-finite params or batches, a non-finite loss.  Under ``jit``:
+        no exception; read ``result.status``.
 
     References
     ----------
@@ -712,17 +886,22 @@ def geodesic_sharpness(
     >>> bool(res.sharpness > 0)
     True
     """
+    who = "geodesic_sharpness"
+    _check_spec(spec, params, who)
+    return _over_batches(
+        loss_fn, _Geometry(spec), params, batches, rho, key, n_iter, momentum, return_perturbation, who
+    )
+
+
+def _check_spec(spec: Any, params: PyTree, who: str) -> None:
     if not isinstance(spec, SymmetrySpec):
-        raise GeometryError(
-            "geodesic_sharpness needs a SymmetrySpec from mg.symmetry_spec(params, gl_pairs)."
-        )
+        raise GeometryError(f"{who} needs a SymmetrySpec from mg.symmetry_spec(params, gl_pairs).")
     n_leaves = len(jax.tree_util.tree_leaves(params))
     if spec.num_leaves != n_leaves:
         raise GeometryError(
             f"the SymmetrySpec was built for a pytree with {spec.num_leaves} leaves, but params has {n_leaves}; "
             "build the spec from these params."
         )
-    return _over_batches(loss_fn, _Geometry(spec), params, batches, rho, key, n_iter, momentum)
 
 
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:

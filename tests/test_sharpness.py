@@ -26,7 +26,7 @@ def test_adaptive_worst_case_matches_closed_form_on_quadratics():
     As = jnp.stack([random_spd(r, d, cond=20.0), random_spd(r, d, cond=5.0)])
     batches = (As, jnp.stack([c, c]))
     rho = 0.05
-    res = mg.adaptive_sharpness(quadratic_loss, c, batches, rho, key=jax.random.PRNGKey(0), n_iter=40)
+    res = mg.adaptive_sharpness(quadratic_loss, c, batches, rho, key=jax.random.PRNGKey(0), n_iter=40, return_perturbation=True)
     D = np.diag(np.abs(np.asarray(c)))
     exact = [0.5 * rho**2 * np.linalg.eigvalsh(D @ np.asarray(A) @ D)[-1] for A in As]
     np.testing.assert_allclose(res.per_batch, exact, rtol=1e-2)
@@ -168,8 +168,8 @@ def test_geodesic_sharpness_gl_h_invariant_with_appended_biases():
     moved = act_on_biased_attention(params, A_qk, A_vo)
     first = jax.tree_util.tree_map(lambda x: x[0], batches)
     np.testing.assert_allclose(loss(moved, first), loss(params, first), rtol=1e-10)
-    g1 = mg.geodesic_sharpness(loss, params, batches, spec, 0.1, key=jax.random.PRNGKey(0), n_iter=10)
-    g2 = mg.geodesic_sharpness(loss, moved, batches, spec, 0.1, key=jax.random.PRNGKey(0), n_iter=10)
+    g1 = mg.geodesic_sharpness(loss, params, batches, spec, 0.1, key=jax.random.PRNGKey(0), n_iter=10, return_perturbation=True)
+    g2 = mg.geodesic_sharpness(loss, moved, batches, spec, 0.1, key=jax.random.PRNGKey(0), n_iter=10, return_perturbation=True)
     np.testing.assert_allclose(g2.per_batch, g1.per_batch, rtol=1e-7)
     assert float(g1.sharpness) > 0
     # the maximizing perturbations correspond under the group action: same perturbed function

@@ -113,18 +113,50 @@ def test_spec_covers_every_attention_weight_exactly_once():
     covered = [i for pair in spec.pairs for side in pair for i in side]
     assert len(covered) == len(set(covered))
     named = {paths[i][-1] for i in covered}
-    assert named == {
-        "W_q",
-        "b_q",
-        "W_k",
-        "b_k",
-        "W_v",
-        "b_v",
-        "W_o",
-    }  # b_o is shared by the heads: no symmetry
+    assert named == {"W_q", "b_q", "W_k", "W_v", "b_v", "W_o"}  # b_o is shared by the heads: no symmetry
     assert all(paths[i][:2] == ("blocks", "attn") for i in covered)
-    # sides: (W_q + b_q, W_k + b_k) and (W_v + b_v, W_o)
-    assert sorted(len(side) for pair in spec.pairs for side in pair) == [1, 2, 2, 2]
+    # sides: (W_q + b_q, W_k) and (W_v + b_v, W_o); the key bias is redundant (never perturbed)
+    assert sorted(len(side) for pair in spec.pairs for side in pair) == [1, 1, 2, 2]
+    assert [paths[i] for i in spec.redundant] == [("blocks", "attn", "b_k")]
+
+
+def test_key_bias_is_redundant_and_leaves_sharpness_unchanged():
+    """Adding a constant to b_k changes no logit (softmax is shift-invariant along the keys), so
+    neither sharpness may change: b_k is held fixed, not appended to the key side."""
+    c = TOY
+    params = randomized_params(c, seed=5)
+    r = rng(6)
+    images = jnp.asarray(r.normal(size=(2, 4, 8, 8, 1)))
+    labels = jnp.asarray(r.integers(0, c.num_classes, size=(2, 4)))
+    loss = lambda p, b: mm.cross_entropy(mm.vit_apply(p, b[0], c), b[1])
+    shifted = jax.tree_util.tree_map(lambda x: x, params)
+    attn = dict(params["blocks"]["attn"])
+    attn["b_k"] = attn["b_k"] + 3.0 * jnp.asarray(r.normal(size=attn["b_k"].shape))
+    shifted["blocks"] = dict(params["blocks"], attn=attn)
+    np.testing.assert_allclose(
+        mm.vit_apply(shifted, images[0], c), mm.vit_apply(params, images[0], c), rtol=1e-12, atol=1e-12
+    )
+    spec = mm.vit_symmetry_spec(params)
+    kw = dict(key=jax.random.PRNGKey(1), n_iter=6)
+    g1 = mg.geodesic_sharpness(loss, params, (images, labels), spec, 0.05, **kw)
+    g2 = mg.geodesic_sharpness(loss, shifted, (images, labels), spec, 0.05, **kw)
+    np.testing.assert_allclose(g2.per_batch, g1.per_batch, rtol=1e-6)
+    a1 = mg.adaptive_sharpness(loss, params, (images, labels), 0.05, spec=spec, **kw)
+    a2 = mg.adaptive_sharpness(loss, shifted, (images, labels), 0.05, spec=spec, **kw)
+    np.testing.assert_allclose(a2.per_batch, a1.per_batch, rtol=1e-6)
+    assert float(g1.sharpness) > 0 and float(a1.sharpness) > 0
+    # paper 004's Example A.1 (b_k appended to the key side): geodesic sharpness moves with b_k
+    at = lambda name: ("blocks", "attn", name)
+    paper = mg.symmetry_spec(
+        params,
+        [
+            (mg.with_bias(at("W_q"), at("b_q")), mg.with_bias(at("W_k"), at("b_k"))),
+            (mg.with_bias(at("W_v"), at("b_v")), at("W_o")),
+        ],
+    )
+    p1 = mg.geodesic_sharpness(loss, params, (images, labels), paper, 0.05, **kw)
+    p2 = mg.geodesic_sharpness(loss, shifted, (images, labels), paper, 0.05, **kw)
+    assert abs(float(p2.sharpness - p1.sharpness)) > 1e-3 * abs(float(p1.sharpness))
 
 
 def act_per_head(params, A_qk, A_vo, d_ln2, d_final):
@@ -313,3 +345,127 @@ def test_training_helpers_against_closed_forms():
     assert losses.shape == (200,) and float(losses[-1]) < float(losses[0])
     with pytest.raises(mg.GeometryError, match="exceeds the 64 training examples"):
         fit(1, 100)
+
+
+# ------------------------------------------------------------------ wrong timm checkpoints
+
+
+def _timm_sd(heads=3):
+    c = TOY._replace(heads=heads)
+    params = randomized_params(c, seed=5)
+    return c, params, to_timm_state_dict(params, c)
+
+
+def _assert_same_params(a, b):
+    jax.tree_util.tree_map(lambda x, y: np.testing.assert_array_equal(x, y), a, b)
+
+
+def test_converter_unwraps_training_checkpoints_and_key_prefixes():
+    c, params, sd = _timm_sd()
+    for wrapped in (
+        {"state_dict": sd, "epoch": 3, "arch": "vit_tiny"},  # timm's train.py checkpoints
+        {"model": sd, "optimizer": {}, "epoch": 3},  # DeiT's
+        {"model": {"state_dict": sd}},
+        {f"module.{k}": v for k, v in sd.items()},  # DistributedDataParallel
+        {"state_dict": {f"_orig_mod.{k}": v for k, v in sd.items()}},  # torch.compile
+    ):
+        back, cfg = mm.vit_from_timm(wrapped, heads=3, dtype=jnp.float64)
+        assert cfg == c
+        _assert_same_params(back, params)
+
+
+def test_converter_lists_a_few_missing_and_unexpected_keys_with_their_count():
+    _, _, sd = _timm_sd()
+    broken = {k: v for k, v in sd.items() if not k.startswith("blocks.0.")}  # 12 keys gone
+    broken.update({f"blocks.{i}.attn.q_norm.weight": np.ones(4) for i in range(2)})
+    with pytest.raises(mg.GeometryError) as err:
+        mm.vit_from_timm(broken, heads=3)
+    msg = str(err.value)
+    assert "missing keys (12): ['blocks.0.norm1.weight'" in msg and "... and 4 more" in msg
+    assert "unexpected keys (2): ['blocks.0.attn.q_norm.weight', 'blocks.1.attn.q_norm.weight']" in msg
+    assert "timm's VisionTransformer layout" in msg and "8 + 12 * depth keys" in msg
+    # block indices that are not numbers are unexpected keys, not a ValueError
+    odd = dict(sd, **{"blocks.x.norm1.weight": np.ones(12)})
+    with pytest.raises(mg.GeometryError, match=r"unexpected keys \(1\): \['blocks.x.norm1.weight'\]"):
+        mm.vit_from_timm(odd, heads=3)
+
+
+@pytest.mark.parametrize(
+    "key, shape, expected",
+    [
+        ("blocks.0.attn.qkv.weight", (10, 12), "(36, 12)"),
+        ("blocks.1.attn.qkv.bias", (35,), "(36,)"),
+        ("blocks.0.attn.proj.weight", (12, 13), "(12, 12)"),
+        ("blocks.1.norm1.weight", (13,), "(12,)"),
+        ("blocks.1.mlp.fc1.weight", (30, 12), "(16, 12)"),
+        ("cls_token", (1, 1, 7), "(1, 1, 12)"),
+        ("head.weight", (5,), "(5, 12)"),
+    ],
+)
+def test_converter_reports_wrong_shapes(key, shape, expected):
+    _, _, sd = _timm_sd()
+    broken = dict(sd, **{key: np.ones(shape)})
+    with pytest.raises(mg.GeometryError, match="do not fit the width") as err:
+        mm.vit_from_timm(broken, heads=3)
+    assert f"{key} {shape} (expected {expected})" in str(err.value)
+
+
+def test_converter_rejects_non_mappings_bad_kernels_and_bad_heads():
+    _, _, sd = _timm_sd()
+    with pytest.raises(mg.GeometryError, match="expected a state dict.*got list"):
+        mm.vit_from_timm([("cls_token", np.ones(3))])
+    with pytest.raises(mg.GeometryError, match=r"4-D convolution kernel"):
+        mm.vit_from_timm(dict(sd, **{"patch_embed.proj.weight": np.ones((12, 1, 4))}), heads=3)
+    with pytest.raises(mg.GeometryError, match="divisible by heads=0"):
+        mm.vit_from_timm(sd, heads=0)
+    with pytest.raises(mg.GeometryError, match="heads must be an integer"):
+        mm.vit_from_timm(sd, heads=3.0)
+    with pytest.raises(mg.GeometryError, match="not numeric arrays"):
+        mm.vit_from_timm(dict(sd, **{"cls_token": "zeros"}), heads=3)
+    # numpy integers and 0-d arrays are integers
+    _, cfg = mm.vit_from_timm(sd, heads=np.int64(3))
+    assert cfg.heads == 3 and type(cfg.heads) is int
+    _, cfg = mm.vit_from_timm(sd, heads=jnp.asarray(3), ln_eps=np.float32(1e-6))
+    assert cfg.heads == 3 and type(cfg.ln_eps) is float
+
+
+def test_loader_reports_unreadable_npz_files(tmp_path):
+    _, params, sd = _timm_sd()
+    # a nested dict saved with np.savez is an object array: pickled, not loadable safely
+    np.savez(tmp_path / "nested.npz", state_dict=np.array(sd, dtype=object))
+    with pytest.raises(mg.GeometryError, match=r"pickled.*np.savez\(path, \*\*state_dict\)"):
+        mm.load_timm_checkpoint(tmp_path / "nested.npz")
+    (tmp_path / "garbage.npz").write_bytes(b"not a zip file")
+    with pytest.raises(mg.GeometryError, match="is not a flat .npz state dict"):
+        mm.load_timm_checkpoint(tmp_path / "garbage.npz")
+    # a prefixed flat .npz loads and converts
+    np.savez(tmp_path / "ddp.npz", **{f"module.{k}": v for k, v in sd.items()})
+    back, _ = mm.vit_from_timm(mm.load_timm_checkpoint(tmp_path / "ddp.npz"), heads=3, dtype=jnp.float64)
+    _assert_same_params(back, params)
+
+
+def test_loader_reads_wrapped_torch_checkpoints(tmp_path):
+    torch = pytest.importorskip("torch")
+    _, params, sd = _timm_sd()
+    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sd.items()}
+    torch.save({"model": tensors, "epoch": 3}, tmp_path / "deit.pth")
+    torch.save({"state_dict": tensors}, tmp_path / "timm.pth")
+    for name in ("deit.pth", "timm.pth"):
+        loaded = mm.load_timm_checkpoint(tmp_path / name)
+        assert sorted(loaded) == sorted(sd)
+        back, _ = mm.vit_from_timm(loaded, heads=3, dtype=jnp.float64)
+        _assert_same_params(back, params)
+    (tmp_path / "bad.pt").write_bytes(b"not a torch file")
+    with pytest.raises(mg.GeometryError, match="could not read"):
+        mm.load_timm_checkpoint(tmp_path / "bad.pt")
+
+
+def test_loader_reads_safetensors(tmp_path):
+    safetensors_numpy = pytest.importorskip("safetensors.numpy")
+    _, params, sd = _timm_sd()
+    safetensors_numpy.save_file({k: np.ascontiguousarray(v) for k, v in sd.items()}, str(tmp_path / "w.safetensors"))
+    back, _ = mm.vit_from_timm(mm.load_timm_checkpoint(tmp_path / "w.safetensors"), heads=3, dtype=jnp.float64)
+    _assert_same_params(back, params)
+    (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 16)
+    with pytest.raises(mg.GeometryError, match="could not read"):
+        mm.load_timm_checkpoint(tmp_path / "bad.safetensors")

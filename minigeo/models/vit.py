@@ -30,6 +30,7 @@ head and layer, which :func:`vit_symmetry_spec` names for :func:`minigeo.geodesi
 from __future__ import annotations
 
 import math
+import operator
 import os
 from typing import Any, Mapping, NamedTuple
 
@@ -298,11 +299,16 @@ def _attention_blocks(params: PyTree) -> list[tuple[Any, ...]]:
 def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
     r"""The GL(dh) symmetries of every attention layer, for :func:`minigeo.geodesic_sharpness`.
 
-    Per head :math:`i` (and layer): :math:`\big(\binom{W_q^i}{b_q^{i\top}}, \binom{W_k^i}{b_k^{i\top}}\big)`
-    and :math:`\big(\binom{W_v^i}{b_v^{i\top}}, W_o^i\big)`, the biases appended as in paper 004,
-    Example A.1; heads and layers are the leading batch axes of the leaves, so each head is its
-    own pair.  Every other leaf (patch embedding, positions, LayerNorms, MLP, head, ``b_o``) gets
-    the element-wise adaptive treatment (paper 004, App. C.1).
+    Per head :math:`i` (and layer): :math:`\big(\binom{W_q^i}{b_q^{i\top}}, W_k^i\big)`
+    and :math:`\big(\binom{W_v^i}{b_v^{i\top}}, W_o^i\big)`, the query and value biases appended as
+    in paper 004, Example A.1; heads and layers are the leading batch axes of the leaves, so each
+    head is its own pair.  The key bias :math:`b_k` is **redundant**: it adds
+    :math:`q_t^\top b_k` to every score of query :math:`t`, a constant along the key axis that the
+    softmax removes, so the function does not depend on it and it is never perturbed.  (Example
+    A.1 appends :math:`b_k` to the key side instead; the symmetry is valid, but then shifting
+    :math:`b_k`, which changes nothing, changes metric (15) and the sharpness.)  Every other leaf
+    (patch embedding, positions, LayerNorms, MLP, head, ``b_o``) gets the element-wise adaptive
+    treatment (paper 004, App. C.1).
 
     Raises
     ------
@@ -332,12 +338,13 @@ def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
             f"{', '.join(_ATTENTION_KEYS)}), so it has no GL(h) symmetry to quotient out. Use "
             "minigeo.symmetry_spec to name the pairs of another model, or adaptive_sharpness."
         )
-    pairs = []
+    pairs, redundant = [], []
     for path in blocks:
         p = lambda name: path + (name,)
-        pairs.append((with_bias(p("W_q"), p("b_q")), with_bias(p("W_k"), p("b_k"))))
+        pairs.append((with_bias(p("W_q"), p("b_q")), p("W_k")))
         pairs.append((with_bias(p("W_v"), p("b_v")), p("W_o")))
-    return symmetry_spec(params, pairs, eps=eps)
+        redundant.append(p("b_k"))
+    return symmetry_spec(params, pairs, redundant=redundant, eps=eps)
 
 
 # ---------------------------------------------------------------------------
@@ -355,6 +362,80 @@ def _to_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor; no torch import needed
         x = x.detach().cpu().numpy()
     return np.asarray(x)
+
+
+_TIMM_LAYOUT = (
+    "timm's VisionTransformer layout (e.g. vit_base_patch32_224) is: cls_token (1, 1, d), pos_embed "
+    "(1, 1 + (image/patch)**2, d), patch_embed.proj.weight (d, C, p, p) and .bias (d,), for every block i "
+    "blocks.{i}.norm1 (d,), .attn.qkv (3d, d), .attn.proj (d, d), .norm2 (d,), .mlp.fc1 (mlp, d), "
+    ".mlp.fc2 (d, mlp), each with .weight and .bias, then norm (d,) and head (classes, d): "
+    "8 + 12 * depth keys"
+)
+_WRAPPER_KEYS = ("state_dict", "model", "module", "model_state_dict")
+_KEY_PREFIXES = ("module.", "_orig_mod.", "model.")
+
+
+def _few(keys: list[str], n: int = 8) -> str:
+    """``keys`` as a list repr, cut after ``n`` entries."""
+    return f"{list(keys[:n])}{f' ... and {len(keys) - n} more' if len(keys) > n else ''}"
+
+
+def _unwrap_state_dict(state_dict: Any, where: str) -> dict[str, Any]:
+    """The flat ``{name: tensor}`` dict inside a checkpoint: unwrap ``{'state_dict': ...}``/``{'model': ...}``
+    (timm's and DeiT's training checkpoints) and strip a prefix every key shares (``module.`` from
+    DistributedDataParallel, ``_orig_mod.`` from ``torch.compile``)."""
+    if not isinstance(state_dict, Mapping):
+        raise GeometryError(
+            f"{where}: expected a state dict (a mapping from parameter names to arrays), got "
+            f"{type(state_dict).__name__}. Pass model.state_dict() or the result of load_timm_checkpoint."
+        )
+    sd = dict(state_dict)
+    for _ in range(3):  # nested wrappers, e.g. {'model': {'state_dict': ...}}
+        if "patch_embed.proj.weight" in sd:
+            break
+        inner = next((sd[k] for k in _WRAPPER_KEYS if isinstance(sd.get(k), Mapping)), None)
+        if inner is None:
+            break
+        sd = dict(inner)
+    for prefix in _KEY_PREFIXES:
+        if sd and all(isinstance(k, str) and k.startswith(prefix) for k in sd):
+            sd = {k[len(prefix) :]: v for k, v in sd.items()}
+    bad = [k for k in sd if not isinstance(k, str)]
+    if bad:
+        raise GeometryError(f"{where}: state dict keys must be strings, got {_few([repr(k) for k in bad])}.")
+    return sd
+
+
+def _expected_timm_shapes(sd: Mapping[str, np.ndarray], depth: int) -> dict[str, tuple[int, ...]]:
+    """Every timm key's shape implied by the patch kernel (d, C, p, p), pos_embed, fc1 and head."""
+    d, C, p, _ = sd["patch_embed.proj.weight"].shape
+    n_tokens = sd["pos_embed"].shape[-2] if sd["pos_embed"].ndim >= 2 else 0
+    fc1 = sd.get("blocks.0.mlp.fc1.weight")
+    m = fc1.shape[0] if fc1 is not None and fc1.ndim >= 1 else 4 * d
+    head = sd.get("head.weight")
+    k = head.shape[0] if head is not None and head.ndim >= 1 else 0
+    shapes = {
+        "cls_token": (1, 1, d),
+        "pos_embed": (1, n_tokens, d),
+        "patch_embed.proj.weight": (d, C, p, p),
+        "patch_embed.proj.bias": (d,),
+        "norm.weight": (d,),
+        "norm.bias": (d,),
+        "head.weight": (k, d),
+        "head.bias": (k,),
+    }
+    per_block = {
+        "norm1": ((d,), (d,)),
+        "attn.qkv": ((3 * d, d), (3 * d,)),
+        "attn.proj": ((d, d), (d,)),
+        "norm2": ((d,), (d,)),
+        "mlp.fc1": ((m, d), (m,)),
+        "mlp.fc2": ((d, m), (d,)),
+    }
+    for i in range(depth):
+        for name, (w, b) in per_block.items():
+            shapes[f"blocks.{i}.{name}.weight"], shapes[f"blocks.{i}.{name}.bias"] = w, b
+    return shapes
 
 
 def vit_from_timm(
@@ -376,11 +457,16 @@ def vit_from_timm(
 
     Returns ``(params, config)``.  Values may be numpy arrays or torch tensors (converted
     without importing torch); e.g. ``vit_from_timm(timm.create_model(name).state_dict())``.
+    A training checkpoint's wrapper (``{'state_dict': ...}``, ``{'model': ...}``) is unwrapped, and a
+    prefix shared by every key (``module.`` from DistributedDataParallel, ``_orig_mod.`` from
+    ``torch.compile``) is stripped.
 
     Raises
     ------
     GeometryError
-        If keys are missing or unexpected (the message lists them), or shapes disagree.
+        If keys are missing or unexpected (the message gives their count and the first few), or
+        an array's shape does not fit the width, patch size and MLP size read off the others (the
+        message lists the arrays with their expected shapes and describes timm's layout).
 
     References
     ----------
@@ -400,27 +486,59 @@ def vit_from_timm(
     vit_from_timm: not a timm VisionTrans
     >>> # with timm installed:  params, config = mm.vit_from_timm(timm.create_model("vit_base_patch32_224").state_dict())
     """
-    sd = {k: _to_numpy(v) for k, v in state_dict.items()}
+    sd = _unwrap_state_dict(state_dict, "vit_from_timm")
     if "patch_embed.proj.weight" not in sd or "pos_embed" not in sd:
         raise GeometryError(
             "vit_from_timm: not a timm VisionTransformer state dict (no 'patch_embed.proj.weight' or 'pos_embed'); "
-            f"got keys {sorted(sd)[:12]}{' ...' if len(sd) > 12 else ''}."
+            f"got {len(sd)} keys, {_few(sorted(sd), 12)}. {_TIMM_LAYOUT}."
         )
-    depth = 1 + max((int(k.split(".")[1]) for k in sd if k.startswith("blocks.")), default=-1)
+    try:
+        sd = {k: _to_numpy(v) for k, v in sd.items()}
+    except Exception as err:
+        raise GeometryError(f"vit_from_timm: a value is not an array ({type(err).__name__}: {err}).") from err
+    not_arrays = [k for k, v in sd.items() if not np.issubdtype(v.dtype, np.number)]
+    if not_arrays:
+        raise GeometryError(
+            f"vit_from_timm: {len(not_arrays)} value(s) are not numeric arrays: {_few(not_arrays)}. {_TIMM_LAYOUT}."
+        )
+    if sd["patch_embed.proj.weight"].ndim != 4:
+        raise GeometryError(
+            f"vit_from_timm: patch_embed.proj.weight has shape {sd['patch_embed.proj.weight'].shape}, expected a "
+            f"4-D convolution kernel (d, C, p, p). {_TIMM_LAYOUT}."
+        )
+    block_ids = [k.split(".")[1] for k in sd if k.startswith("blocks.")]
+    depth = 1 + max((int(i) for i in block_ids if i.isdigit()), default=-1)
     expected = _timm_keys(depth)
     missing = [k for k in expected if k not in sd]
     unexpected = sorted(set(sd) - set(expected))
     if missing or unexpected:
         raise GeometryError(
             "vit_from_timm: the state dict does not match timm's vit_base_patch32_224 layout.\n"
-            f"  missing keys ({len(missing)}): {missing}\n  unexpected keys ({len(unexpected)}): {unexpected}\n"
-            "Variants with extra norms (e.g. CLIP's norm_pre or fc_norm) or without a class token are not supported."
+            f"  missing keys ({len(missing)}): {_few(missing)}\n"
+            f"  unexpected keys ({len(unexpected)}): {_few(unexpected)}\n"
+            "Variants with extra norms (e.g. CLIP's norm_pre or fc_norm), without a class token, or without a "
+            f"classifier head (num_classes=0) are not supported. {_TIMM_LAYOUT}."
+        )
+    want_shapes = _expected_timm_shapes(sd, depth)
+    wrong = [k for k in expected if tuple(sd[k].shape) != want_shapes[k]]
+    if wrong:
+        raise GeometryError(
+            f"vit_from_timm: {len(wrong)} array(s) have shapes that do not fit the width, patch and MLP sizes "
+            "read off patch_embed.proj.weight, pos_embed, blocks.0.mlp.fc1.weight and head.weight: "
+            + ", ".join(f"{k} {tuple(sd[k].shape)} (expected {want_shapes[k]})" for k in wrong[:6])
+            + (f" ... and {len(wrong) - 6} more" if len(wrong) > 6 else "")
+            + f". {_TIMM_LAYOUT}."
         )
     d, C, p, _ = sd["patch_embed.proj.weight"].shape
     n_tokens = sd["pos_embed"].shape[-2]
     grid = math.isqrt(n_tokens - 1)
+    if heads is not None:  # a Python int, numpy integer or 0-d integer array
+        try:
+            heads = operator.index(heads)
+        except TypeError:
+            raise GeometryError(f"vit_from_timm: heads must be an integer, got {heads!r}.") from None
     heads = d // 64 if heads is None else heads
-    if grid * grid != n_tokens - 1 or d % heads:
+    if grid * grid != n_tokens - 1 or heads <= 0 or d % heads:
         raise GeometryError(
             f"vit_from_timm: pos_embed {sd['pos_embed'].shape} needs 1 + a square number of tokens and width {d} "
             f"divisible by heads={heads}."
@@ -434,7 +552,7 @@ def vit_from_timm(
         depth=depth,
         heads=heads,
         mlp_dim=sd["blocks.0.mlp.fc1.weight"].shape[0] if depth else 4 * d,
-        ln_eps=ln_eps,
+        ln_eps=float(ln_eps),
         gelu=gelu,
     )
     dh = d // heads
@@ -511,7 +629,8 @@ def load_timm_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
     Raises
     ------
     GeometryError
-        If the file does not exist, its suffix is unknown, or its package is not installed.
+        If the file does not exist, its suffix is unknown, its package is not installed, or it cannot
+        be read (e.g. an ``.npz`` holding a pickled nested dict instead of one array per key).
 
     References
     ----------
@@ -533,8 +652,17 @@ def load_timm_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
         raise GeometryError(f"load_timm_checkpoint: no file at {path!r}.")
     suffix = os.path.splitext(path)[1].lower()
     if suffix == ".npz":
-        with np.load(path, allow_pickle=False) as f:
-            return {k: f[k] for k in f.files}
+        try:
+            with np.load(path, allow_pickle=False) as f:
+                return {k: f[k] for k in f.files}
+        except ValueError as err:  # pickled objects: a nested dict saved with np.savez(path, state_dict=sd)
+            raise GeometryError(
+                f"load_timm_checkpoint: {path!r} is not a flat .npz state dict of arrays: it holds pickled "
+                f"Python objects or is not an .npz file ({err}). Save the state dict itself, one array per "
+                "key: np.savez(path, **state_dict) with state_dict = {name: tensor.numpy()}."
+            ) from err
+        except (OSError, EOFError) as err:
+            raise GeometryError(f"load_timm_checkpoint: could not read {path!r} as .npz ({err}).") from err
     if suffix == ".safetensors":
         try:
             from safetensors.numpy import load_file
@@ -542,7 +670,12 @@ def load_timm_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
             raise GeometryError(
                 "load_timm_checkpoint: reading .safetensors needs `pip install safetensors`."
             ) from e
-        return dict(load_file(path))
+        try:
+            return dict(load_file(path))
+        except Exception as err:  # a truncated or foreign file
+            raise GeometryError(
+                f"load_timm_checkpoint: could not read {path!r} as .safetensors ({type(err).__name__}: {err})."
+            ) from err
     if suffix in (".pth", ".pt", ".bin"):
         try:
             import torch
@@ -550,8 +683,16 @@ def load_timm_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
             raise GeometryError(
                 f"load_timm_checkpoint: reading {suffix} files needs PyTorch (`pip install torch`)."
             ) from e
-        sd = torch.load(path, map_location="cpu", weights_only=True)
-        sd = sd.get("state_dict", sd) if isinstance(sd, dict) else sd
+        try:
+            sd = torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as err:  # not a torch file, or pickled objects weights_only refuses
+            raise GeometryError(
+                f"load_timm_checkpoint: could not read {path!r} with torch.load(weights_only=True) "
+                f"({type(err).__name__}: {str(err).strip().splitlines()[0] if str(err).strip() else ''}). "
+                "If it is a training checkpoint with pickled extras, save only the weights: "
+                "torch.save(model.state_dict(), path)."
+            ) from err
+        sd = _unwrap_state_dict(sd, "load_timm_checkpoint")  # {'state_dict': ...} / {'model': ...}
         return {k: _to_numpy(v) for k, v in sd.items()}
     raise GeometryError(
         f"load_timm_checkpoint: unknown checkpoint format {suffix!r}; use .safetensors, .npz, .pth, .pt or .bin."
