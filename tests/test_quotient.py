@@ -240,3 +240,110 @@ def test_quotient_errors():
         mg.gl1_geodesic((jnp.ones(2), jnp.ones(3)), (jnp.ones(2), jnp.ones(3)))
     with pytest.raises(mg.GeometryError, match=r"zero weights"):
         mg.gl1_horizontal_projection((jnp.array([0.0, 1.0]), jnp.ones(2)), (jnp.ones(2), jnp.ones(2)))
+
+
+# ---------------------------------------------------------------------------
+# float32 lane: conditioning enters once, rank is judged relative to the dtype
+# ---------------------------------------------------------------------------
+def side_with_cond(r, n, h, cond):
+    """An n x h matrix with singular values spread geometrically from 1 to 1/cond."""
+    U, _ = np.linalg.qr(r.normal(size=(n, h)))
+    V, _ = np.linalg.qr(r.normal(size=(h, h)))
+    return (U * np.geomspace(1.0, 1.0 / cond, h)) @ V.T
+
+
+def to(dtype, tree):
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), tree)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("cond", [1e2, 1e3, 1e4])
+def test_quotient_functions_lose_at_most_cond_times_eps(dtype, cond):
+    """Against a float64 reference, the relative error of the projection, metric and geodesic step is
+    O(cond(G) eps), not O(cond(G)^2 eps) as through Gram matrices (the old float32 projection was
+    1e-2 off in the metric norm at cond 1e3; the bound below is 5e-4 there)."""
+    r = rng(40)
+    point64 = (side_with_cond(r, 64, 8, cond), side_with_cond(r, 48, 8, 10.0))
+    xi64 = (r.normal(size=(64, 8)), r.normal(size=(48, 8)))
+    point, xi = to(dtype, point64), to(dtype, xi64)
+    point64, xi64 = to(jnp.float64, point64), to(jnp.float64, xi64)
+    tol = 4.0 * cond * float(jnp.finfo(dtype).eps) + 1e-13
+
+    def rel_metric_norm(got, ref):
+        d = tuple(jnp.asarray(g, jnp.float64) - e for g, e in zip(got, ref))
+        return float(jnp.sqrt(mg.gl_metric(point64, d, d) / mg.gl_metric(point64, ref, ref)))
+
+    ref = mg.horizontal_projection(point64, xi64)
+    assert rel_metric_norm(mg.horizontal_projection(point, xi), ref) <= tol
+    m64 = mg.gl_metric(point64, xi64, xi64)
+    assert abs(float(mg.gl_metric(point, xi, xi)) - float(m64)) <= tol * float(m64)
+    step64 = tuple(0.1 * x for x in ref)
+    step = to(dtype, step64)
+    for got, want in zip(mg.geodesic_step(point, step), mg.geodesic_step(point64, step64)):
+        err = float(jnp.linalg.norm(jnp.asarray(got, jnp.float64) - want) / jnp.linalg.norm(want))
+        assert err <= tol
+    for got, want in zip(mg.christoffel_quadratic(point, step), mg.christoffel_quadratic(point64, step64)):
+        err = float(jnp.linalg.norm(jnp.asarray(got, jnp.float64) - want) / jnp.linalg.norm(want))
+        assert err <= 10 * tol
+    # the projection is still a projection in the low precision
+    once = mg.horizontal_projection(point, xi)
+    twice = mg.horizontal_projection(point, once)
+    assert rel_metric_norm(twice, to(jnp.float64, once)) <= tol
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_singular_pair_rejected_ill_conditioned_accepted(dtype):
+    """Two identical columns make G rank deficient: rejected in either precision (the cut-off is relative
+    to the dtype's eps, not a fixed 1e-12 on Gram eigenvalues); cond 1e4 at ViT-B/32's n = 769 is
+    merely ill conditioned and accepted; eps > 0 makes the rank-deficient pair usable."""
+    r = rng(41)
+    G = r.normal(size=(6, 3))
+    G[:, 1] = G[:, 0]
+    H = r.normal(size=(5, 3))
+    xi = (r.normal(size=(6, 3)), r.normal(size=(5, 3)))
+    point, xi = to(dtype, (G, H)), to(dtype, xi)
+    for call in (
+        lambda: mg.gl_metric(point, xi, xi),
+        lambda: mg.horizontal_projection(point, xi),
+        lambda: mg.christoffel_quadratic(point, xi),
+    ):
+        with pytest.raises(mg.GeometryError, match=r"numerically rank deficient at float(32|64).*eps > 0"):
+            call()
+    out = mg.horizontal_projection(point, xi, eps=1e-4)
+    assert all(bool(jnp.isfinite(x).all()) for x in out)
+    big = to(dtype, (side_with_cond(r, 769, 64, 1e4), side_with_cond(r, 769, 64, 3.0)))
+    big_xi = to(dtype, (r.normal(size=(769, 64)), r.normal(size=(769, 64))))
+    assert np.isfinite(float(mg.gl_metric(big, big_xi, big_xi)))
+    # the cut-off scales with the dtype
+    cut32 = mg.quotient.singular_value_cutoff(769, 64, jnp.float32)
+    cut64 = mg.quotient.singular_value_cutoff(769, 64, jnp.float64)
+    assert 1e-5 < cut32 < 1e-4 and cut64 < 1e-12
+
+
+def test_jitted_frame_reports_rank_instead_of_raising():
+    """Under jit the values are unknown at trace time: the frame carries ``ok`` and no error is raised."""
+    from minigeo.quotient import pair_frame
+
+    G = jnp.ones((4, 2))
+    H = jnp.asarray(rng(42).normal(size=(3, 2)))
+    f = jax.jit(pair_frame)(G, H)
+    assert not bool(f.ok)
+    assert bool(jax.jit(pair_frame)(G + jnp.eye(4, 2), H).ok)
+
+
+def test_quotient_products_run_at_highest_precision():
+    """Every dot_general in the quotient functions runs at HIGHEST precision, whatever the global
+    default (TF32 on NVIDIA GPUs cost three to four digits of the invariance)."""
+    r = rng(43)
+    point = random_pair(r, batch=(2,))
+    xi = random_tangent(r, point)
+    for fn in (
+        lambda p, x: mg.horizontal_projection(p, x),
+        lambda p, x: mg.geodesic_step(p, x),
+        lambda p, x: mg.gl_metric(p, x, x),
+        lambda p, x: mg.riemannian_gradient(p, x),
+    ):
+        with jax.default_matmul_precision("bfloat16"):
+            text = str(jax.make_jaxpr(fn)(point, xi))
+        precisions = [line for line in text.splitlines() if "precision=" in line]
+        assert precisions and all("HIGHEST" in line for line in precisions), precisions[:3]
