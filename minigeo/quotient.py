@@ -297,9 +297,10 @@ def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str
         return metric_with(_frame((G, H), eps, "gl_metric"), (eG, eH), (zG, zH))
     if kind == "mix":
         f = _frame((G, H), eps, "gl_metric")
-        P, Q = _mT(f.P_half) @ f.P_half, _mT(f.Q_half) @ f.Q_half
-        a = jnp.trace(Q @ (_mT(eG) @ zG), axis1=-2, axis2=-1)
-        b = jnp.trace(P @ (_mT(eH) @ zH), axis1=-2, axis2=-1)
+        with jax.default_matmul_precision("highest"):
+            P, Q = _mT(f.P_half) @ f.P_half, _mT(f.Q_half) @ f.Q_half
+            a = jnp.trace(Q @ (_mT(eG) @ zG), axis1=-2, axis2=-1)
+            b = jnp.trace(P @ (_mT(eH) @ zH), axis1=-2, axis2=-1)
     else:
         raise GeometryError(f"gl_metric: kind must be 'inv' (eq. 15) or 'mix' (eq. 34), got {kind!r}.")
     return jnp.sum(a + b)
@@ -330,7 +331,8 @@ def vertical_vector(point: Pair, omega: jax.Array) -> Pair:
         raise GeometryError(
             f"vertical_vector: omega must have shape {G.shape[:-2] + (G.shape[-1], G.shape[-1])}, got {omega.shape}."
         )
-    return -G @ omega, H @ _mT(omega)
+    with jax.default_matmul_precision("highest"):
+        return -G @ omega, H @ _mT(omega)
 
 
 def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:

@@ -302,6 +302,17 @@ def _mT(x: jax.Array) -> jax.Array:
     return jnp.swapaxes(x, -1, -2)
 
 
+def _highest(fn):
+    """Run ``fn``'s products at "highest" matmul precision (traced once: no cost at run time)."""
+
+    @functools.wraps(fn)
+    def wrapped(*args, **kwargs):
+        with jax.default_matmul_precision("highest"):
+            return fn(*args, **kwargs)
+
+    return wrapped
+
+
 def _side_forward(Mn: jax.Array, z: jax.Array, R: jax.Array):
     r"""One side of a pair moved along the second-order geodesic, in whitened coordinates.
 
@@ -395,6 +406,7 @@ class _Geometry:
     def others(self, w: list) -> list[int]:
         return [i for i in range(len(w)) if i not in self.paired]
 
+    @_highest
     def factors(self, w: list) -> list[PairFrame]:
         """Per-pair factorizations of metric (15) at the base point, from thin SVDs of the sides
         (constant during the search, computed once per evaluation for all batches)."""
@@ -406,6 +418,7 @@ class _Geometry:
         return sides + [jnp.shape(w[u]) for u, _ in self.gl1] + [jnp.shape(w[i]) for i in self.others(w)]
 
     # -- the perturbed point and the Riemannian gradient ------------------------------------
+    @_highest
     def perturb(self, w: list, fac: list, parts: list) -> tuple[list, list]:
         """The perturbed weights, segment by segment like ``parts``: eq. (7) on the pair sides (as
         matrices, bias rows included), eq. (10) on GL(1) pairs (a tuple ``(u', v')``) and
@@ -445,6 +458,7 @@ class _Geometry:
             out[i] = moved[k + j]
         return out
 
+    @_highest
     def riemannian(self, w: list, fac: list, parts: list, caches: list, moved: list, grad: list) -> list:
         r"""The Riemannian gradient, in the search coordinates, of ``loss(perturb(parts))``, given the
         Euclidean gradient ``grad`` of the loss with respect to the segments ``moved`` of :meth:`perturb`.
@@ -471,6 +485,7 @@ class _Geometry:
             out.append(jnp.abs(w[i]) * grad[k + j])
         return out
 
+    @_highest
     def start(self, key: jax.Array, w: list, fac: list) -> list:
         r"""An equivariant random start: random ``z`` for element-wise leaves and GL(1) pairs, and for
         each GL(h) pair the Riemannian gradient of a random linear function
@@ -558,7 +573,6 @@ def _auto_pgd(loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, mome
     base = loss_fn(params, batch)
     ftype = base.dtype
     rho = jnp.asarray(rho, ftype)
-    highest = functools.partial(jax.default_matmul_precision, "highest")
     loss_at = jax.value_and_grad(
         lambda moved: loss_fn(jax.tree_util.tree_unflatten(treedef, geometry.assemble(w, moved)), batch)
     )
@@ -570,11 +584,9 @@ def _auto_pgd(loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, mome
     tmap = jax.tree_util.tree_map
 
     def value_and_riemannian_grad(parts):
-        with highest():
-            moved, caches = geometry.perturb(w, fac, parts)
+        moved, caches = geometry.perturb(w, fac, parts)
         f, grad = loss_at(moved)
-        with highest():
-            return f, geometry.riemannian(w, fac, parts, caches, moved, grad)
+        return f, geometry.riemannian(w, fac, parts, caches, moved, grad)
 
     def norm(v):
         sq = sum((jnp.sum(p * p) for p in v), jnp.zeros((), ftype))
@@ -589,8 +601,7 @@ def _auto_pgd(loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, mome
     def where(cond, a, b):
         return tmap(lambda x, y: jnp.where(cond, x, y), a, b)
 
-    with highest():
-        v0 = geometry.start(key, w, fac)
+    v0 = geometry.start(key, w, fac)
     v0 = scale(0.5 * rho / norm(v0), v0)
 
     checkpoints = jnp.zeros(n_iter + 1, dtype=bool).at[jnp.asarray(_checkpoints(n_iter))].set(True)
@@ -655,16 +666,14 @@ def _auto_pgd(loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, mome
     s = jax.lax.fori_loop(0, n_iter + 1, body, state)
     perturbation = None
     if keep:
-        with highest():
-            delta = geometry.assemble(w, geometry.perturb(w, fac, s["best_x"])[0])
+        delta = geometry.assemble(w, geometry.perturb(w, fac, s["best_x"])[0])
         perturbation = jax.tree_util.tree_unflatten(treedef, [d - wi for d, wi in zip(delta, w)])
     return s["best_f"] - base, s["finite"] & jnp.isfinite(s["best_f"]), perturbation
 
 
 @functools.partial(jax.jit, static_argnames=("geometry",))
 def _factorize(geometry, params):
-    with jax.default_matmul_precision("highest"):
-        return geometry.factors(jax.tree_util.tree_leaves(params))
+    return geometry.factors(jax.tree_util.tree_leaves(params))
 
 
 @functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum", "keep"))

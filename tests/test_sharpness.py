@@ -367,3 +367,109 @@ def test_search_geometry_matches_the_quotient_functions(eps):
     np.testing.assert_allclose(fast[1], hH @ Qm, rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(fast[2], gb, rtol=1e-12, atol=1e-14)
     np.testing.assert_allclose(fast[3], gzc, rtol=1e-12, atol=1e-14)
+
+
+# ---------------------------------------------------------------------------
+# no silent wrong answers: float32 invariance, status under jit, eager errors, rho types
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_geodesic_sharpness_invariant_under_ill_conditioned_group_elements(dtype):
+    """A group element with cond(A) ~ 3e3 squares to ~1e7 in a Gram matrix: meaningless in float32.
+    Factored from the sides, geodesic sharpness of the moved point stays finite and agrees to
+    O(cond eps) (the loss itself moves by that much in float32)."""
+    params, loss, batches = attention_problem()
+    r = rng(50)
+    U, _ = np.linalg.qr(r.normal(size=(3, 3)))
+    V, _ = np.linalg.qr(r.normal(size=(3, 3)))
+    A = jnp.asarray(U @ np.diag([1.0, 0.1, 1.0 / 3000]) @ V.T)
+    moved = {**params, "G": params["G"] @ jnp.linalg.inv(A), "H": params["H"] @ A.T}
+    cast = lambda t: jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), t)
+    spec = mg.symmetry_spec(params, [(("G",), ("H",))])
+    kw = dict(key=jax.random.PRNGKey(0), n_iter=10)
+    g1 = mg.geodesic_sharpness(loss, cast(params), cast(batches), spec, 0.1, **kw)
+    g2 = mg.geodesic_sharpness(loss, cast(moved), cast(batches), spec, 0.1, **kw)
+    assert int(g1.status) == int(g2.status) == 0 and bool(g2.ok)
+    assert np.isfinite(np.asarray(g2.per_batch)).all() and float(g1.sharpness) > 0
+    tol = 3000 * 3000 * 2 * float(jnp.finfo(dtype).eps) if dtype == jnp.float32 else 1e-7
+    np.testing.assert_allclose(g2.per_batch, g1.per_batch, rtol=min(tol, 1e-2))
+
+
+def test_singular_pair_raises_eagerly_and_reports_status_under_jit():
+    params, loss, batches = attention_problem()
+    params = {**params, "G": params["G"].at[:, 1].set(params["G"][:, 0])}  # rank 2 < h = 3
+    spec = mg.symmetry_spec(params, [(("G",), ("H",))])
+    with pytest.raises(mg.GeometryError, match=r"GL\(h\) pair 0 \(\('G',\) / \('H',\)\).*rank deficient.*eps > 0"):
+        mg.geodesic_sharpness(loss, params, batches, spec, 0.1, key=jax.random.PRNGKey(0), n_iter=3)
+    run = jax.jit(lambda p: mg.geodesic_sharpness(loss, p, batches, spec, 0.1, key=jax.random.PRNGKey(0), n_iter=3))
+    res = run(params)
+    assert int(res.status) == mg.sharpness.STATUS_SINGULAR_PAIR and not bool(res.ok)
+    relaxed = mg.symmetry_spec(params, [(("G",), ("H",))], eps=1e-4)
+    assert bool(mg.geodesic_sharpness(loss, params, batches, relaxed, 0.1, key=jax.random.PRNGKey(0), n_iter=3).ok)
+
+
+def test_non_finite_values_raise_eagerly_and_report_status_under_jit():
+    """A loss that is NaN away from the base point: the old search kept its initial best value -inf
+    and returned -inf silently; now an eager call raises and a jitted one reports status 2."""
+    w0 = jnp.ones(3)
+    loss = lambda w, b: jnp.where(jnp.sum((w - w0) ** 2) > 0, jnp.nan, 0.0) + jnp.sum(b * w)
+    batches = jnp.ones((2, 3))
+    with pytest.raises(mg.GeometryError, match=r"not finite.*batch 0"):
+        mg.adaptive_sharpness(loss, w0, batches, 0.1, key=jax.random.PRNGKey(0), n_iter=3)
+    res = jax.jit(lambda w: mg.adaptive_sharpness(loss, w, batches, 0.1, key=jax.random.PRNGKey(0), n_iter=3))(w0)
+    assert int(res.status) == mg.sharpness.STATUS_NON_FINITE
+    assert not np.isneginf(np.asarray(res.per_batch)).any()
+    with pytest.raises(mg.GeometryError, match=r"params.*NaN"):
+        mg.adaptive_sharpness(quadratic_loss, w0.at[1].set(jnp.nan), (jnp.eye(3)[None], w0[None]), 0.1,
+                              key=jax.random.PRNGKey(0))
+    with pytest.raises(mg.GeometryError, match=r"not finite"):
+        mg.adaptive_sharpness(loss, w0, batches, 0.1, key=jax.random.PRNGKey(0), kind="average", n_samples=4)
+
+
+def test_start_point_is_the_first_best_value():
+    """With a loss that decreases in every direction from the start, the ascent still returns a finite
+    value (the start's), never its initial -inf."""
+    loss = lambda w, b: -jnp.sum((w - b) ** 2)
+    res = mg.adaptive_sharpness(loss, jnp.ones(2), jnp.ones((1, 2)), 0.1, key=jax.random.PRNGKey(0), n_iter=2)
+    assert np.isfinite(float(res.sharpness)) and float(res.sharpness) <= 0
+
+
+@pytest.mark.parametrize(
+    "rho", [0.05, np.float32(0.05), np.float64(0.05), jnp.asarray(0.05), jnp.asarray(0.05, jnp.float32), 1]
+)
+def test_rho_accepts_any_positive_scalar(rho):
+    A = jnp.diag(jnp.array([1.0, 2.0, 4.0]))
+    c = jnp.ones(3)
+    res = mg.adaptive_sharpness(quadratic_loss, c, (A[None], c[None]), rho, key=jax.random.PRNGKey(0), n_iter=20)
+    np.testing.assert_allclose(res.sharpness, 0.5 * float(rho) ** 2 * 4.0, rtol=1e-2)
+
+
+def test_rho_traced_under_jit_and_rejected_when_not_positive():
+    A = jnp.diag(jnp.array([1.0, 2.0, 4.0]))
+    c = jnp.ones(3)
+    f = jax.jit(lambda r: mg.adaptive_sharpness(quadratic_loss, c, (A[None], c[None]), r,
+                                                key=jax.random.PRNGKey(0), n_iter=20).sharpness)
+    np.testing.assert_allclose(f(0.05), 0.5 * 0.05**2 * 4.0, rtol=1e-2)
+    np.testing.assert_allclose(f(0.1), 0.5 * 0.1**2 * 4.0, rtol=1e-2)
+    for bad in (np.inf, -0.1, 0.0, np.nan, jnp.asarray(-1.0), jnp.ones(2), "0.1", True):
+        with pytest.raises(mg.GeometryError, match=r"rho must be"):
+            mg.adaptive_sharpness(quadratic_loss, c, (A[None], c[None]), bad, key=jax.random.PRNGKey(0))
+
+
+def test_search_geometry_runs_at_highest_precision():
+    from minigeo.sharpness import _Geometry
+
+    params, loss, batches = attention_problem()
+    spec = mg.symmetry_spec(params, [(("G",), ("H",))])
+    geometry = _Geometry(spec)
+    w = jax.tree_util.tree_leaves(params)
+
+    def step(w, parts):
+        fac = geometry.factors(w)
+        moved, caches = geometry.perturb(w, fac, parts)
+        return geometry.riemannian(w, fac, parts, caches, moved, moved)
+
+    parts = [jnp.ones(s) for s in geometry.shapes(w)]
+    with jax.default_matmul_precision("bfloat16"):
+        text = str(jax.make_jaxpr(jax.jit(step))(w, parts))
+    n_dots = text.count("dot_general[")
+    assert n_dots > 10 and text.count("precision=(Precision.HIGHEST, Precision.HIGHEST)") == n_dots
