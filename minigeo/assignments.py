@@ -9,7 +9,12 @@ A student's function that still raises ``NotImplementedError`` fails with the me
 check cell never stops the notebook.
 
 Checks run in float64 (inside ``jax.enable_x64``) so that a correct answer passes with tolerance
-``1e-8`` whatever the notebook's default precision.
+``1e-8`` whatever the notebook's default precision.  A complex answer is compared with its imaginary
+part (a right real part plus ``5j`` fails).  Every check has a time limit (its ``time_limit``
+argument in seconds, by default ``minigeo.assignments.TIME_LIMIT`` = 120): a student's function
+that loops forever fails with "timed out after N s" instead of hanging the notebook.  The limit
+interrupts Python code (a ``SIGALRM`` timer on the main thread on POSIX; elsewhere a watchdog
+thread, which leaves the runaway function running in the background).
 
 The assignments live in the repository's ``assignments/`` folder; the lecturers' guide in the book
 explains how to adapt them.
@@ -18,6 +23,9 @@ explains how to adapt them.
 from __future__ import annotations
 
 import contextlib
+import signal
+import threading
+import time
 from typing import Callable, Iterator, NamedTuple
 
 import jax
@@ -49,6 +57,10 @@ __all__ = [
 ]
 
 NOT_IMPLEMENTED = "not implemented yet: replace the `raise NotImplementedError` line with your code"
+
+#: Default time limit of one ``check_*`` call, in seconds (the correct answers take a few seconds,
+#: mostly compilation).  Pass ``time_limit=`` to a check, or set this, to change it.
+TIME_LIMIT: float = 120.0
 
 
 class CheckReport(NamedTuple):
@@ -88,24 +100,96 @@ def _float64() -> Iterator[None]:
 
 
 def _close(got, want, what: str, hint: str, tol: float = 1e-8) -> None:
-    got = np.asarray(got, dtype=float)
-    want = np.asarray(want, dtype=float)
+    answer = got
+    try:
+        got = np.asarray(answer)
+        if not (np.issubdtype(got.dtype, np.number) or np.issubdtype(got.dtype, np.bool_)):
+            raise TypeError
+    except (TypeError, ValueError):
+        raise _Fail(f"{what} is not an array of numbers (got {type(answer).__name__}). {hint}") from None
+    # complex answers keep their imaginary part: right value + 5j must not pass
+    got = got.astype(complex if np.iscomplexobj(got) else float)
+    want = np.asarray(want)
+    want = want.astype(complex if np.iscomplexobj(want) else float)
     if got.shape != want.shape:
         raise _Fail(f"{what} has shape {got.shape}, expected {want.shape}. {hint}")
     if not np.all(np.isfinite(got)):
         raise _Fail(f"{what} contains NaN or inf. {hint}")
     err = float(np.max(np.abs(got - want))) if got.size else 0.0
     scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
+    imag = float(np.max(np.abs(got.imag))) if np.iscomplexobj(got) and got.size else 0.0
+    if imag > tol * scale and not np.iscomplexobj(want):
+        raise _Fail(f"{what} has an imaginary part (up to {imag:.2e}), but the answer is real. {hint}")
     if err > tol * scale:
         raise _Fail(f"{what} is off by {err:.2e} (tolerance {tol * scale:.0e}). {hint}")
 
 
-def _run(task: str, body: Callable[[], str]) -> CheckReport:
-    """Run ``body`` (which raises _Fail or returns a success note) and print a one-line verdict."""
-    try:
+class _TimedOut(BaseException):
+    """Raised inside a check that ran past its time limit (a BaseException, so that a student's
+    ``except Exception`` cannot swallow it)."""
+
+
+def _call_with_time_limit(body: Callable[[], str], limit: float) -> str:
+    """``body()``, interrupted with :class:`_TimedOut` after ``limit`` seconds.
+
+    On the main thread of a POSIX process (a notebook kernel, a script, pytest) a ``SIGALRM`` timer
+    interrupts pure-Python loops; a timer that was already running (e.g. pytest-timeout's) is
+    restored afterwards.  Elsewhere (Windows, a worker thread) the body runs in a daemon thread that
+    is abandoned, still running, when it times out.  A function stuck inside one long compiled call
+    is interrupted only when that call returns.
+    """
+    if limit is None or limit <= 0:
         with _float64():
-            note = body()
+            return body()
+    if hasattr(signal, "setitimer") and threading.current_thread() is threading.main_thread():
+
+        def _alarm(signum, frame):
+            raise _TimedOut()
+
+        start = time.monotonic()
+        old_handler = signal.signal(signal.SIGALRM, _alarm)
+        old_delay, old_interval = signal.setitimer(signal.ITIMER_REAL, limit)
+        try:
+            with _float64():
+                return body()
+        finally:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, old_handler)
+            if old_delay > 0:  # give an outer timer back what is left of it
+                remaining = max(old_delay - (time.monotonic() - start), 1e-3)
+                signal.setitimer(signal.ITIMER_REAL, remaining, old_interval)
+    result: dict = {}
+
+    def target() -> None:
+        try:
+            with _float64():
+                result["value"] = body()
+        except BaseException as err:  # handed to the calling thread
+            result["error"] = err
+
+    worker = threading.Thread(target=target, daemon=True)
+    worker.start()
+    worker.join(limit)
+    if worker.is_alive():
+        raise _TimedOut()
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
+def _run(task: str, body: Callable[[], str], time_limit: float | None = None) -> CheckReport:
+    """Run ``body`` (which raises _Fail or returns a success note) and print a one-line verdict."""
+    limit = TIME_LIMIT if time_limit is None else float(time_limit)
+    try:
+        note = _call_with_time_limit(body, limit)
         report = CheckReport(task, True, f"PASS {task}: {note}")
+    except _TimedOut:
+        report = CheckReport(
+            task,
+            False,
+            f"FAIL {task}: timed out after {limit:g} s: your function may loop forever (check the loop's "
+            "stopping condition), or is far too slow.",
+        )
     except _Fail as fail:
         report = CheckReport(task, False, f"FAIL {task}: {fail}")
     except NotImplementedError:
@@ -144,7 +228,11 @@ def _random_spd(key: jax.Array, d: int) -> jax.Array:
 # ---------------------------------------------------------------------------------------------
 
 
-def check_transform_vector(fn: Callable[[Reparametrization, jax.Array, jax.Array], jax.Array]) -> CheckReport:
+def check_transform_vector(
+    fn: Callable[[Reparametrization, jax.Array, jax.Array], jax.Array],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
     r"""Check ``fn(phi, theta, v)`` against the vector rule :math:`\hat v = J(\theta)\,v`.
 
     Compared with :func:`minigeo.transform_vector` for polar, softplus, affine and composed
@@ -174,11 +262,13 @@ def check_transform_vector(fn: Callable[[Reparametrization, jax.Array, jax.Array
             )
         return "J v matches minigeo on 5 reparametrizations."
 
-    return _run("transform_vector", body)
+    return _run("transform_vector", body, time_limit)
 
 
 def check_transform_covector(
     fn: Callable[[Reparametrization, jax.Array, jax.Array], jax.Array],
+    *,
+    time_limit: float | None = None,
 ) -> CheckReport:
     r"""Check ``fn(phi, theta, omega)`` against the covector rule :math:`\hat\omega = J^{-\top}\omega`.
 
@@ -217,10 +307,14 @@ def check_transform_covector(
             )
         return "J^-T omega matches minigeo, and the pairing omega(v) is invariant."
 
-    return _run("transform_covector", body)
+    return _run("transform_covector", body, time_limit)
 
 
-def check_natural_gradient_step(fn: Callable[[jax.Array, jax.Array, float], jax.Array]) -> CheckReport:
+def check_natural_gradient_step(
+    fn: Callable[[jax.Array, jax.Array, float], jax.Array],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
     r"""Check ``fn(G, grad, lr)``: the update vector :math:`\Delta\theta = -\alpha\,G^{-1}\nabla L`.
 
     Besides the value, it checks equivariance: the step computed in :math:`\psi`-coordinates from the
@@ -259,7 +353,7 @@ def check_natural_gradient_step(fn: Callable[[jax.Array, jax.Array, float], jax.
             )
         return "-lr G^-1 grad is correct and equivariant under 5 reparametrizations."
 
-    return _run("natural_gradient_step", body)
+    return _run("natural_gradient_step", body, time_limit)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -276,7 +370,11 @@ def _hessian_cases(key: jax.Array, n: int = 4) -> list[tuple[jax.Array, jax.Arra
     return cases
 
 
-def check_hessian_endomorphism(fn: Callable[[jax.Array, jax.Array], jax.Array]) -> CheckReport:
+def check_hessian_endomorphism(
+    fn: Callable[[jax.Array, jax.Array], jax.Array],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
     r"""Check ``fn(H, G)`` = :math:`E = G^{-1}H` and that it transforms as :math:`J E J^{-1}`.
 
     The transformation check feeds ``fn`` the transformed bilinear Hessian :math:`J^{-\top}HJ^{-1}`
@@ -316,10 +414,14 @@ def check_hessian_endomorphism(fn: Callable[[jax.Array, jax.Array], jax.Array]) 
             )
         return "G^-1 H is correct and transforms as J E J^-1."
 
-    return _run("hessian_endomorphism", body)
+    return _run("hessian_endomorphism", body, time_limit)
 
 
-def check_invariant_trace(fn: Callable[[jax.Array, jax.Array], jax.Array]) -> CheckReport:
+def check_invariant_trace(
+    fn: Callable[[jax.Array, jax.Array], jax.Array],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
     r"""Check ``fn(H, G)`` = :math:`\mathrm{tr}(G^{-1}H)`, invariant under reparametrization, unlike :math:`\mathrm{tr}\,H`.
 
     References
@@ -355,7 +457,7 @@ def check_invariant_trace(fn: Callable[[jax.Array, jax.Array], jax.Array]) -> Ch
             )
         return "tr(G^-1 H) is correct and invariant."
 
-    return _run("invariant trace tr(G^-1 H)", body)
+    return _run("invariant trace tr(G^-1 H)", body, time_limit)
 
 
 def _metric_field(x: jax.Array) -> jax.Array:
@@ -367,7 +469,11 @@ def _f(x: jax.Array) -> jax.Array:
     return jnp.sin(x[0]) * x[1] + 0.5 * x[0] ** 2 * x[1] ** 2 + x[1]
 
 
-def check_riemannian_hessian(fn: Callable[[jax.Array, jax.Array, jax.Array], jax.Array]) -> CheckReport:
+def check_riemannian_hessian(
+    fn: Callable[[jax.Array, jax.Array, jax.Array], jax.Array],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
     r"""Check ``fn(hess, grad, gamma)`` = :math:`\partial_i\partial_j f - \Gamma^k_{ij}\partial_k f`.
 
     ``hess`` is the matrix of second derivatives, ``grad`` the gradient and ``gamma[k, i, j]`` the
@@ -400,7 +506,7 @@ def check_riemannian_hessian(fn: Callable[[jax.Array, jax.Array, jax.Array], jax
             )
         return "the Christoffel correction matches minigeo at 3 non-critical points."
 
-    return _run("riemannian_hessian", body)
+    return _run("riemannian_hessian", body, time_limit)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -423,7 +529,11 @@ def _pair_cases(key: jax.Array, n: int = 3) -> list[tuple[jax.Array, jax.Array, 
     return out
 
 
-def check_vertical_vector(fn: Callable[[jax.Array, jax.Array, jax.Array], tuple]) -> CheckReport:
+def check_vertical_vector(
+    fn: Callable[[jax.Array, jax.Array, jax.Array], tuple],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
     r"""Check ``fn(G, H, Omega)`` = :math:`(-G\Omega, H\Omega^\top)`, the velocity of the orbit through ``(G, H)``.
 
     Checks the value and that :math:`GH^\top` does not move to first order along it:
@@ -457,10 +567,14 @@ def check_vertical_vector(fn: Callable[[jax.Array, jax.Array, jax.Array], tuple]
             _close(xH, want[1], "xi_H", "xi_H = H Omega^T.")
         return "(-G Omega, H Omega^T) is correct and leaves G H^T fixed."
 
-    return _run("vertical_vector", body)
+    return _run("vertical_vector", body, time_limit)
 
 
-def check_quotient_metric(fn: Callable[[jax.Array, jax.Array, tuple, tuple], jax.Array]) -> CheckReport:
+def check_quotient_metric(
+    fn: Callable[[jax.Array, jax.Array, tuple, tuple], jax.Array],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
     r"""Check ``fn(G, H, eta, zeta)`` = metric (15), :math:`\mathrm{tr}((G^\top G)^{-1}\eta_G^\top\zeta_G) + \mathrm{tr}((H^\top H)^{-1}\eta_H^\top\zeta_H)`.
 
     Checks the value against :func:`minigeo.gl_metric` and its GL(h) invariance: moving the point to
@@ -499,10 +613,14 @@ def check_quotient_metric(fn: Callable[[jax.Array, jax.Array, tuple, tuple], jax
             )
         return "metric (15) is correct and GL(h)-invariant."
 
-    return _run("quotient metric (15)", body)
+    return _run("quotient metric (15)", body, time_limit)
 
 
-def check_horizontal_projection(fn: Callable[[jax.Array, jax.Array, tuple], tuple]) -> CheckReport:
+def check_horizontal_projection(
+    fn: Callable[[jax.Array, jax.Array, tuple], tuple],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
     r"""Check ``fn(G, H, xi)``: the metric-(15)-orthogonal projection of ``xi = (xi_G, xi_H)`` onto the horizontal space.
 
     Checks, on random points and vectors: the result matches :func:`minigeo.horizontal_projection`;
@@ -553,4 +671,4 @@ def check_horizontal_projection(fn: Callable[[jax.Array, jax.Array, tuple], tupl
             _close(got[1], want[1], "xi_H", hint_orth)
         return "matches minigeo; kills vertical vectors; idempotent; metric-orthogonal to the orbit."
 
-    return _run("horizontal_projection", body)
+    return _run("horizontal_projection", body, time_limit)

@@ -28,7 +28,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import GeometryError, check_finite, is_concrete
+from ._checks import GeometryError, check_finite, is_concrete, numerically_singular
 from ._tree import PyTree, ravel
 from .coords import Reparametrization
 
@@ -177,14 +177,13 @@ def affine(A: Any, b: Any = None) -> Reparametrization:
     if is_concrete(A, b):
         check_finite(A, "affine(A, b): A")
         check_finite(b, "affine(A, b): b")
-        sv = np.linalg.svd(np.asarray(A, dtype=np.float64), compute_uv=False)
-        eps = np.finfo(
-            np.asarray(A).dtype if np.issubdtype(np.asarray(A).dtype, np.floating) else np.float64
-        ).eps
-        if sv[-1] <= eps * n * sv[0]:
+        # relative to A's dtype and to each coordinate's scale: diag(1e-9, 1e9) is invertible
+        singular, smallest, largest = numerically_singular(A)
+        if singular:
             raise GeometryError(
-                f"affine(A, b): A is singular (smallest singular value {sv[-1]:.3g}, largest "
-                f"{sv[0]:.3g}); an affine reparametrization needs an invertible A."
+                f"affine(A, b): A is singular (smallest singular value {smallest:.3g}, largest "
+                f"{largest:.3g}, even after rescaling each coordinate); an affine reparametrization "
+                "needs an invertible A."
             )
 
     def _check_size(flat: jax.Array) -> None:

@@ -227,3 +227,141 @@ def test_grading_script_scores_a_solution_a_blank_and_a_broken_notebook(tmp_path
     assert re.search(r": (\d+) of \1 checks passed$", lines[0]), lines
     assert re.search(r": 0 of \d+ checks passed$", lines[1]), lines
     assert "stopped by an error: ZeroDivisionError" in lines[2], lines
+
+
+# ------------------------------------------------------------------ no silent wrong answers
+
+
+def _plus_5j(fn):
+    def wrong(*args):
+        out = fn(*args)
+        return jax.tree_util.tree_map(lambda x: jnp.asarray(x) + 5j, out)
+
+    return wrong
+
+
+@pytest.mark.parametrize(
+    "name", ["check_invariant_trace", "check_natural_gradient_step", "check_hessian_endomorphism"]
+)
+def test_complex_answer_with_the_right_real_part_fails(name, capsys):
+    report = getattr(A, name)(_plus_5j(CASES[name][0]))
+    assert not report.passed, report.message
+    assert "imaginary part" in report.message, report.message
+    assert "ComplexWarning" not in capsys.readouterr().err
+
+
+def test_complex_answer_with_round_off_imaginary_part_passes():
+    # a trace computed from eigenvalues is complex with an imaginary part at round-off level
+    report = A.check_invariant_trace(lambda H, G: jnp.sum(jnp.linalg.eigvals(jnp.linalg.solve(G, H))))
+    assert report.passed, report.message
+
+
+def test_answer_that_is_not_a_number_fails_in_one_line():
+    report = A.check_invariant_trace(lambda H, G: "tr(G^-1 H)")
+    assert not report.passed and "is not an array of numbers (got str)" in report.message
+
+
+def _loop_forever(*args):
+    while True:
+        pass
+
+
+def _loop_and_swallow_exceptions(*args):
+    while True:
+        try:
+            while True:
+                pass
+        except Exception:
+            pass
+
+
+@pytest.mark.parametrize("student", [_loop_forever, _loop_and_swallow_exceptions])
+def test_infinite_loop_fails_within_the_time_limit(student, capsys):
+    import time
+
+    start = time.monotonic()
+    report = A.check_vertical_vector(student, time_limit=0.5)
+    elapsed = time.monotonic() - start
+    assert not report.passed and "timed out after 0.5 s" in report.message, report.message
+    assert elapsed < 10, elapsed
+    assert capsys.readouterr().out.startswith("FAIL vertical_vector: timed out")
+    # a correct answer still passes afterwards, with the default limit
+    assert A.check_vertical_vector(CASES["check_vertical_vector"][0]).passed
+
+
+def test_default_time_limit_is_a_module_setting(monkeypatch):
+    monkeypatch.setattr(A, "TIME_LIMIT", 0.5)
+    report = A.check_invariant_trace(_loop_forever)
+    assert not report.passed and "timed out after 0.5 s" in report.message
+
+
+def test_time_limit_off_the_main_thread():
+    # the SIGALRM timer only works on the main thread; elsewhere a watchdog thread is used
+    import threading
+
+    out = {}
+    worker = threading.Thread(
+        target=lambda: out.update(r=A.check_invariant_trace(_loop_forever, time_limit=0.5))
+    )
+    worker.start()
+    worker.join(30)
+    assert not worker.is_alive()
+    assert not out["r"].passed and "timed out after 0.5 s" in out["r"].message
+    ok = {}
+    worker = threading.Thread(
+        target=lambda: ok.update(r=A.check_invariant_trace(CASES["check_invariant_trace"][0]))
+    )
+    worker.start()
+    worker.join(60)
+    assert ok["r"].passed, ok["r"].message
+
+
+def test_time_limit_restores_an_outer_alarm():
+    # e.g. pytest-timeout's signal method: its handler and the rest of its timer come back
+    import signal
+
+    if not hasattr(signal, "setitimer"):
+        pytest.skip("no SIGALRM on this platform")
+    fired = []
+
+    def outer(*args):
+        fired.append(1)
+
+    old = signal.signal(signal.SIGALRM, outer)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 50.0)
+        A.check_invariant_trace(_loop_forever, time_limit=0.3)
+        remaining, _ = signal.getitimer(signal.ITIMER_REAL)
+        assert 40.0 < remaining <= 50.0
+        assert signal.getsignal(signal.SIGALRM) is outer and not fired
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, old)
+
+
+def test_grading_script_survives_a_cell_timeout_and_a_dead_kernel(tmp_path):
+    loop = nbformat.v4.new_notebook()
+    loop.cells = [nbformat.v4.new_code_cell("while True:\n    pass")]
+    nbformat.write(loop, tmp_path / "loop.ipynb")
+    dead = nbformat.v4.new_notebook()
+    dead.cells = [nbformat.v4.new_code_cell("import os\nos._exit(1)")]
+    nbformat.write(dead, tmp_path / "dead.ipynb")
+    (tmp_path / "garbage.ipynb").write_text("{not json")
+    ok = nbformat.v4.new_notebook()
+    ok.cells = [nbformat.v4.new_code_cell("print('2 of 3 checks passed')")]
+    nbformat.write(ok, tmp_path / "ok.ipynb")
+    names = ["loop", "dead", "garbage", "ok"]
+    run = subprocess.run(
+        [sys.executable, str(KIT / "grade.py")]
+        + [str(tmp_path / f"{n}.ipynb") for n in names]
+        + ["--timeout", "3"],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    lines = run.stdout.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 4, run.stdout + run.stderr
+    assert "loop.ipynb: timed out: a cell ran longer than 3 s" in lines[0], lines
+    assert "dead.ipynb: the kernel died" in lines[1], lines
+    assert "garbage.ipynb: could not be read as a notebook" in lines[2], lines
+    assert lines[3].endswith("ok.ipynb: 2 of 3 checks passed"), lines

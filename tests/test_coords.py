@@ -335,3 +335,79 @@ def test_float32_stays_float32():
     np.testing.assert_allclose(out, [1.0, 2.0], rtol=1e-6)
     vec = mg.transform_vector(reparam.polar(), theta, jnp.ones(2, dtype=jnp.float32))
     assert vec.dtype == jnp.float32
+
+
+# ---------------------------------------------------------------------------
+# the singularity check is relative to the dtype and to each coordinate's scale
+# ---------------------------------------------------------------------------
+SPREADS = {
+    "float64": (jnp.float64, [(1e-3, 1e3), (1e-5, 1e5), (1e-9, 1e9), (1e-100, 1e100)]),
+    "float32": (jnp.float32, [(1e-3, 1e3), (1e-5, 1e5), (1e-9, 1e9), (1e-15, 1e15)]),
+}
+
+
+@pytest.mark.parametrize("dtype_name", sorted(SPREADS))
+def test_log_jacobian_is_invertible_at_widely_spread_theta(dtype_name):
+    # diag(1/theta) is invertible whenever theta is finite and positive, however spread its entries;
+    # a condition-number test (smallest / largest singular value) called it "singular".
+    dtype, spreads = SPREADS[dtype_name]
+    rtol = 1e-12 if dtype == jnp.float64 else 2e-6
+    phi = reparam.log()
+    for lo, hi in spreads:
+        theta_np = np.array([lo, 1.0, hi, np.sqrt(hi)])
+        theta = jnp.asarray(theta_np, dtype)
+        v = jnp.asarray([1.0, -2.0, 0.5, 3.0], dtype)
+        J = phi.jacobian(theta)
+        Jinv = phi.inverse_jacobian(phi.forward(theta))
+        assert J.dtype == dtype and Jinv.dtype == dtype
+        np.testing.assert_allclose(np.diag(J), 1.0 / theta_np, rtol=rtol)
+        np.testing.assert_allclose(np.diag(Jinv), theta_np, rtol=rtol)
+        np.testing.assert_allclose(mg.transform_vector(phi, theta, v), np.asarray(v) / theta_np, rtol=rtol)
+        np.testing.assert_allclose(mg.transform_covector(phi, theta, v), np.asarray(v) * theta_np, rtol=rtol)
+        G = jnp.eye(4, dtype=dtype)
+        np.testing.assert_allclose(np.diag(mg.transform_metric(phi, theta, G)), theta_np**2, rtol=rtol)
+        E = jnp.diag(jnp.asarray([1.0, 2.0, 3.0, 4.0], dtype))
+        np.testing.assert_allclose(mg.transform_endomorphism(phi, theta, E), E, rtol=rtol)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32], ids=["float64", "float32"])
+def test_affine_with_widely_spread_scales_is_invertible(dtype):
+    s = 1e9 if dtype == jnp.float64 else 1e5
+    A = jnp.asarray([[1 / s, 0.0], [0.0, s]], dtype)
+    phi = reparam.affine(A)
+    theta = jnp.asarray([2.0, 3.0], dtype)
+    np.testing.assert_allclose(phi.inverse(phi.forward(theta)), theta, rtol=1e-6)
+    np.testing.assert_allclose(mg.transform_vector(phi, theta, theta), [2.0 / s, 3.0 * s], rtol=1e-6)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32], ids=["float64", "float32"])
+def test_truly_singular_jacobians_still_raise(dtype):
+    cube = mg.Reparametrization(lambda t: t**3, jnp.cbrt, name="cube")
+    with pytest.raises(mg.GeometryError, match=r"Jacobian of cube is singular"):
+        cube.jacobian(jnp.asarray([0.0, 1.0], dtype))  # a zero row
+    with pytest.raises(mg.GeometryError, match=r"Jacobian of cube is singular"):
+        cube.jacobian(jnp.asarray([0.0, 1e-3, 1e3], dtype))
+    # dependent rows, hidden behind very different row scales: rescaling does not make it invertible
+    fold = mg.Reparametrization(
+        lambda t: jnp.stack([1e-6 * (t[0] + t[1]), 1e6 * (t[0] + t[1])]), lambda p: p, name="fold"
+    )
+    with pytest.raises(mg.GeometryError, match=r"Jacobian of fold is singular"):
+        fold.jacobian(jnp.asarray([1.0, 2.0], dtype))
+    with pytest.raises(mg.GeometryError, match=r"singular"):
+        reparam.affine(jnp.asarray([[1e-6, 2e-6], [1e6, 2e6]], dtype))
+    # nearly dependent rows: singular to float32's precision, invertible in float64
+    near = jnp.asarray([[1.0, 1.0], [1.0, 1.0 + 1e-9]], jnp.float64)
+    reparam.affine(near)
+    with pytest.raises(mg.GeometryError, match=r"singular"):
+        reparam.affine(jnp.asarray([[1.0, 1.0], [1.0, 1.0 + 1e-9]], jnp.float32))
+
+
+@pytest.mark.parametrize(
+    "c", [np.float32(2.0), np.float64(2.0), jnp.asarray(2.0), jnp.asarray(2.0, jnp.float32), 2],
+    ids=["np.float32", "np.float64", "0-d jax", "0-d jax float32", "int"],
+)
+def test_scale_accepts_numpy_and_0d_jax_scalars(c):
+    phi = reparam.scale(c)
+    np.testing.assert_allclose(phi.forward(jnp.asarray([1.0, 3.0])), [2.0, 6.0])
+    np.testing.assert_allclose(phi.inverse(jnp.asarray([2.0])), [1.0])
+    np.testing.assert_allclose(phi.jacobian(jnp.asarray([1.0, 3.0])), 2.0 * np.eye(2))

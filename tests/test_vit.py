@@ -447,7 +447,7 @@ def test_loader_reports_unreadable_npz_files(tmp_path):
 def test_loader_reads_wrapped_torch_checkpoints(tmp_path):
     torch = pytest.importorskip("torch")
     _, params, sd = _timm_sd()
-    tensors = {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in sd.items()}
+    tensors = {k: torch.from_numpy(np.array(v)) for k, v in sd.items()}
     torch.save({"model": tensors, "epoch": 3}, tmp_path / "deit.pth")
     torch.save({"state_dict": tensors}, tmp_path / "timm.pth")
     for name in ("deit.pth", "timm.pth"):
@@ -463,8 +463,9 @@ def test_loader_reads_wrapped_torch_checkpoints(tmp_path):
 def test_loader_reads_safetensors(tmp_path):
     safetensors_numpy = pytest.importorskip("safetensors.numpy")
     _, params, sd = _timm_sd()
-    safetensors_numpy.save_file({k: np.ascontiguousarray(v) for k, v in sd.items()}, str(tmp_path / "w.safetensors"))
-    back, _ = mm.vit_from_timm(mm.load_timm_checkpoint(tmp_path / "w.safetensors"), heads=3, dtype=jnp.float64)
+    path = tmp_path / "w.safetensors"
+    safetensors_numpy.save_file({k: np.ascontiguousarray(v) for k, v in sd.items()}, str(path))
+    back, _ = mm.vit_from_timm(mm.load_timm_checkpoint(path), heads=3, dtype=jnp.float64)
     _assert_same_params(back, params)
     (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 16)
     with pytest.raises(mg.GeometryError, match="could not read"):

@@ -15,9 +15,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
-from .._checks import GeometryError
+from .._checks import GeometryError, is_concrete
 from .._tree import PyTree
 
 __all__ = ["cross_entropy", "error_rate", "make_train_step", "train_epochs"]
@@ -25,8 +26,53 @@ __all__ = ["cross_entropy", "error_rate", "make_train_step", "train_epochs"]
 Batch = tuple[jax.Array, jax.Array]
 
 
+def _integer_labels(labels: jax.Array, batch_shape: tuple[int, ...], where: str, reference: str) -> jax.Array:
+    """Check the labels' dtype and shape; squeeze a trailing axis of length 1 (``(n, 1) -> (n,)``)."""
+    labels = jnp.asarray(labels)
+    if not jnp.issubdtype(labels.dtype, jnp.integer):
+        raise GeometryError(
+            f"{where}: labels must be integer class indices, got dtype {labels.dtype}. Convert them with "
+            "labels.astype(jnp.int32); for one-hot or soft labels use jnp.argmax(labels, axis=-1) or "
+            "optax.softmax_cross_entropy."
+        )
+    if labels.shape == tuple(batch_shape) + (1,):
+        labels = labels[..., 0]  # a column of labels, (n, 1): the same as (n,)
+    if labels.shape != tuple(batch_shape):
+        raise GeometryError(
+            f"{where}: {reference} and labels {labels.shape} disagree on the batch shape; pass one integer "
+            f"label per example, shape {tuple(batch_shape)} (or {tuple(batch_shape) + (1,)})."
+        )
+    return labels
+
+
+def _check_label_range(labels: jax.Array, num_classes: int, where: str) -> None:
+    """Raise if concrete labels lie outside ``0 … num_classes - 1`` (skipped for tracers: under ``jit``)."""
+    if not is_concrete(labels) or labels.size == 0:
+        return
+    values = np.asarray(labels)
+    lo, hi = int(values.min()), int(values.max())
+    if lo < 0 or hi >= num_classes:
+        bad = int(np.sum((values < 0) | (values >= num_classes)))
+        raise GeometryError(
+            f"{where}: {bad} label(s) lie outside 0 … {num_classes - 1} (smallest {lo}, largest {hi}) for "
+            f"{num_classes} classes. Labels must be class indices; check the label encoding (e.g. 1-based "
+            "labels, or -1 for 'ignore') and the model's number of classes."
+        )
+
+
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     r"""Mean cross-entropy :math:`-\frac1B\sum_b \log\mathrm{softmax}(z_b)_{y_b}` for integer labels.
+
+    ``labels`` are integer class indices of the logits' batch shape, e.g. ``(n,)`` for logits
+    ``(n, C)``; a column ``(n, 1)`` is accepted and squeezed to ``(n,)``.
+
+    Raises
+    ------
+    GeometryError
+        If the labels are not integers, do not match the logits' batch shape, or (when their values
+        are concrete, i.e. not under ``jax.jit``) lie outside ``0 … C - 1``.  Under ``jit`` the values
+        cannot be checked: an out-of-range label then gives a NaN or a wrong loss, so call the loss
+        once outside ``jit`` to validate a new data set.
 
     References
     ----------
@@ -40,18 +86,43 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
     >>> float(mm.cross_entropy(jnp.zeros((2, 4)), jnp.array([0, 3])))   # log 4
     1.386294...
     """
-    if logits.shape[:-1] != labels.shape:
-        raise GeometryError(
-            f"cross_entropy: logits {logits.shape} and labels {labels.shape} disagree on the batch shape."
-        )
+    logits = jnp.asarray(logits)
+    if logits.ndim < 1:
+        raise GeometryError(f"cross_entropy: logits must have a class axis, got shape {logits.shape}.")
+    labels = _integer_labels(labels, logits.shape[:-1], "cross_entropy", f"logits {logits.shape}")
+    _check_label_range(labels, logits.shape[-1], "cross_entropy")
     return jnp.mean(optax.softmax_cross_entropy_with_integer_labels(logits, labels))
 
 
 @functools.partial(jax.jit, static_argnames=("apply_fn", "batch_size"))
+def _error_rate(
+    apply_fn: Callable, params: PyTree, images: jax.Array, labels: jax.Array, batch_size: int
+) -> tuple[jax.Array, jax.Array]:
+    n = images.shape[0]
+    pad = -n % batch_size
+    x = jnp.concatenate([images, jnp.zeros((pad,) + images.shape[1:], images.dtype)])
+    chunks = x.reshape((-1, batch_size) + images.shape[1:])
+    logits_shape = jax.eval_shape(lambda xb: apply_fn(params, xb), chunks[0]).shape
+    num_classes = logits_shape[-1]
+    preds = jax.lax.map(lambda xb: jnp.argmax(apply_fn(params, xb), axis=-1), chunks).reshape(-1)[:n]
+    return jnp.mean(preds != labels), jnp.asarray(num_classes, jnp.int32)
+
+
 def error_rate(
     apply_fn: Callable, params: PyTree, images: jax.Array, labels: jax.Array, batch_size: int = 512
 ) -> jax.Array:
     """Fraction of misclassified examples, ``apply_fn(params, images)`` evaluated in chunks of ``batch_size``.
+
+    ``labels`` are integer class indices of shape ``(n,)`` (a column ``(n, 1)`` is squeezed), one
+    per image.  The evaluation is compiled (``jax.jit``, with ``apply_fn`` and ``batch_size``
+    static); the function may also be called inside ``jit``.
+
+    Raises
+    ------
+    GeometryError
+        If the labels are not integers or not one per image, or (when their values are concrete,
+        i.e. not under ``jax.jit``) lie outside ``0 … C - 1`` for a model with ``C`` outputs.  Under
+        ``jit`` the values cannot be checked: an out-of-range label then silently counts as an error.
 
     References
     ----------
@@ -67,12 +138,17 @@ def error_rate(
     >>> float(mm.error_rate(apply, jnp.eye(2), jnp.array([[1.0, 0], [0, 1], [1, 0]]), jnp.array([0, 1, 1])))
     0.333333...
     """
-    n = images.shape[0]
-    pad = -n % batch_size
-    x = jnp.concatenate([images, jnp.zeros((pad,) + images.shape[1:], images.dtype)])
-    chunks = x.reshape((-1, batch_size) + images.shape[1:])
-    preds = jax.lax.map(lambda xb: jnp.argmax(apply_fn(params, xb), axis=-1), chunks).reshape(-1)[:n]
-    return jnp.mean(preds != labels)
+    images = jnp.asarray(images)
+    if images.ndim < 1:
+        raise GeometryError(f"error_rate: images must have a leading batch axis, got shape {images.shape}.")
+    batch_size = int(batch_size)
+    if batch_size < 1:
+        raise GeometryError(f"error_rate: batch_size must be a positive integer, got {batch_size}.")
+    labels = _integer_labels(labels, images.shape[:1], "error_rate", f"images {images.shape}")
+    rate, num_classes = _error_rate(apply_fn, params, images, labels, batch_size)
+    if is_concrete(labels, num_classes):
+        _check_label_range(labels, int(num_classes), "error_rate")
+    return rate
 
 
 def make_train_step(
