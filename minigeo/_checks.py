@@ -163,3 +163,114 @@ def check_spd(matrix: Any, what: str = "the metric", rtol: float = 1e-6) -> None
             f"damping={1e-3 * max(abs(lam_max), 1.0):.3g}), or use a pseudo-inverse where a "
             "singular metric is intended."
         )
+
+
+def equilibrate(matrix: Any, iterations: int = 30) -> np.ndarray | None:
+    """Row/column equilibration ``D_r M D_c`` of a concrete matrix (float64), or ``None`` if a row or
+    column is zero.
+
+    Ruiz scaling: positive diagonals ``D_r``, ``D_c`` chosen so that every row and column has largest
+    entry 1.  It removes the scale of each coordinate: a diagonal matrix with finite non-zero entries
+    becomes the identity however widely its entries are spread, while a singular matrix (a zero row or
+    column, or linearly dependent rows) stays singular.
+    """
+    a = np.asarray(matrix, dtype=np.float64)
+    if a.size == 0:
+        return a
+    if not ((np.abs(a).max(axis=1) > 0).all() and (np.abs(a).max(axis=0) > 0).all()):
+        return None
+    for _ in range(iterations):
+        r = np.sqrt(np.abs(a).max(axis=1))
+        c = np.sqrt(np.abs(a).max(axis=0))
+        a = a / r[:, None] / c[None, :]
+        if np.all(np.abs(r - 1) < 1e-3) and np.all(np.abs(c - 1) < 1e-3):
+            break
+    return a
+
+
+def numerically_singular(matrix: Any, dtype: Any = None) -> tuple[bool, float, float]:
+    """Whether a concrete square matrix is singular to ``dtype``'s precision, whatever its scales.
+
+    The test is on the row/column-equilibrated matrix (see :func:`equilibrate`): singular when
+    it has a zero row or column, or when its smallest singular value is at most ``n · eps(dtype)``
+    times its largest, ``eps`` being that of ``dtype`` (the matrix's own dtype by default; float64
+    for integers).  Rescaling a coordinate (``θ_i → c_i θ_i``) therefore never makes a matrix
+    "singular"; a diagonal Jacobian ``diag(exp(x))`` passes at any finite ``x``.  Returns
+    ``(singular, smallest, largest)``; for a singular matrix the last two are the extreme singular
+    values of the matrix itself (for messages), otherwise ``nan``.
+    """
+    dtype = np.asarray(matrix).dtype if dtype is None else np.dtype(dtype)
+    eps = np.finfo(dtype if np.issubdtype(dtype, np.floating) else np.float64).eps
+    if np.size(matrix) == 0:
+        return False, float("nan"), float("nan")
+    eq = equilibrate(matrix)
+    if eq is not None:
+        sv = np.linalg.svd(eq, compute_uv=False)
+        if sv[-1] > eps * np.shape(matrix)[0] * sv[0]:
+            return False, float("nan"), float("nan")
+    sv = np.linalg.svd(np.asarray(matrix, dtype=np.float64), compute_uv=False)
+    return True, float(sv[-1]), float(sv[0])
+
+
+def symmetry_rtol(matrix: Any) -> float:
+    """Relative tolerance for the asymmetry of an ``n x n`` metric: ``max(64 n, 1000) * eps(dtype)``.
+
+    Round-off in products such as ``J^T G J`` leaves an asymmetry of a few ``n eps`` of the
+    matrix's dtype; an asymmetry above this tolerance is a modelling error, not round-off.
+    """
+    dtype = jnp.result_type(matrix)
+    dtype = dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float64
+    n = int(jnp.shape(matrix)[0]) if jnp.ndim(matrix) else 1
+    return float(max(64 * n, 1000) * np.finfo(dtype).eps)
+
+
+def check_symmetric(matrix: Any, what: str = "the metric") -> None:
+    """Raise unless a dense square matrix is symmetric to :func:`symmetry_rtol` (concrete values only)."""
+    if not is_concrete(matrix):
+        return
+    m = np.asarray(matrix)
+    if m.ndim != 2 or m.shape[0] != m.shape[1] or m.size == 0 or not np.isfinite(m).all():
+        return
+    m = m.astype(np.float64) if np.issubdtype(m.dtype, np.integer) else m
+    scale = float(np.max(np.abs(m)))
+    asym = float(np.max(np.abs(m - m.T)))
+    rtol = symmetry_rtol(matrix)
+    if asym > rtol * max(scale, np.finfo(np.float64).tiny):
+        raise GeometryError(
+            f"{what} is not symmetric: max |G - G^T| = {asym:.3g}, max |G| = {scale:.3g} (relative asymmetry "
+            f"{asym / max(scale, np.finfo(np.float64).tiny):.3g} > tolerance {rtol:.2g} = max(64 n, 1000) eps of "
+            f"{m.dtype}). A Riemannian metric must be symmetric; symmetrize it with (G + G.T) / 2 if the asymmetry "
+            "is round-off."
+        )
+
+
+def as_float_point(tree: Any, what: str = "params") -> Any:
+    """Validate a point or tangent vector given to a metric: convert, refuse empty and integer inputs.
+
+    A (nested) Python list or tuple of numbers is converted to a floating-point array.
+    An empty pytree (no coordinates) and integer or boolean leaves raise
+    :class:`GeometryError` (differentiation and metrics need floating-point coordinates).
+    """
+    leaves = jax.tree_util.tree_leaves(tree)
+    if (
+        isinstance(tree, (list, tuple))
+        and leaves
+        and all(isinstance(x, (int, float, np.number)) and not isinstance(x, (bool, np.bool_)) for x in leaves)
+    ):
+        arr = np.asarray(tree)
+        if arr.dtype != object:
+            tree = jnp.asarray(arr, dtype=jnp.result_type(float))
+    pairs = jax.tree_util.tree_leaves_with_path(tree)
+    if not pairs or sum(int(np.size(x)) for _, x in pairs) == 0:
+        raise GeometryError(
+            f"{what} is empty (it has no coordinates); a metric needs a point with at least one coordinate."
+        )
+    for path, leaf in pairs:
+        dtype = jnp.result_type(leaf)
+        if not jnp.issubdtype(dtype, jnp.inexact):
+            where = jax.tree_util.keystr(path) or ""
+            raise GeometryError(
+                f"{what}{where} has dtype {dtype}; coordinates must be floating point (metrics differentiate "
+                "through them). Convert with jnp.asarray(x, dtype=float)."
+            )
+    return tree

@@ -1,86 +1,307 @@
-"""Linear solves with the checks users need (floor 1).
+"""Linear solves and Lanczos with the checks users need (floor 1).
 
-Thin wrappers over ``jax.scipy``: a Cholesky solve for dense symmetric
-positive-definite matrices and conjugate gradients for matrix-free operators on
-pytrees.  Both refuse singular or indefinite systems with a message that
-suggests damping, instead of returning garbage.
+* :func:`solve_spd_dense`: a Cholesky solve for dense symmetric positive-definite matrices.
+* :func:`solve_spd_cg`: conjugate gradients for matrix-free operators on pytrees, with a
+  status (:class:`SolveInfo`) that also works under ``jit``.
+* :func:`lanczos_tridiagonal`: Lanczos with full reorthogonalization that detects the
+  breakdown of the Krylov space (an invariant subspace) and restarts.
+
+All of them refuse singular or indefinite systems with a message that suggests
+damping, instead of returning garbage.
+
+Damping: everywhere in minigeo, ``damping`` :math:`\\lambda` means the operator
+:math:`A + \\lambda I` (added to the operator it is given).  It may be a Python
+number, a NumPy scalar, a 0-d JAX array or a traced value; negative or NaN values
+raise :class:`GeometryError` when the value is concrete (the check is skipped
+under ``jit``).
 """
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 import numpy as np
 
-from ._checks import GeometryError, check_finite, check_spd, check_square_matrix, is_concrete
-from ._tree import PyTree, ravel, tree_size, tree_vdot
+from ._checks import (
+    GeometryError,
+    check_finite,
+    check_spd,
+    check_square_matrix,
+    is_concrete,
+    symmetry_rtol,
+)
+from ._tree import PyTree, ravel, tree_size
 
-__all__ = ["solve_spd_dense", "solve_spd_cg", "add_damping", "lanczos_tridiagonal"]
+__all__ = [
+    "SolveInfo",
+    "CG_CONVERGED",
+    "CG_MAX_ITERATIONS",
+    "CG_NONPOSITIVE_CURVATURE",
+    "CG_NONFINITE",
+    "solve_spd_dense",
+    "solve_spd_cg",
+    "add_damping",
+    "check_damping",
+    "lanczos_tridiagonal",
+    "symmetry_rtol",
+]
+
+#: :attr:`SolveInfo.status` codes of :func:`solve_spd_cg`.
+CG_CONVERGED = 0
+CG_MAX_ITERATIONS = 1
+CG_NONPOSITIVE_CURVATURE = 2
+CG_NONFINITE = 3
+_RUNNING = -1
 
 
-def add_damping(op: Callable[[PyTree], PyTree], damping: float) -> Callable[[PyTree], PyTree]:
-    """The operator ``v -> op(v) + damping * v``."""
-    if not damping:
+class SolveInfo(NamedTuple):
+    """What happened in a conjugate-gradient solve (all fields are JAX scalars, also under ``jit``).
+
+    Attributes
+    ----------
+    converged
+        ``True`` iff ``status == 0``.
+    status
+        ``0`` converged; ``1`` reached ``maxiter`` without converging; ``2`` met non-positive
+        curvature :math:`p^\\top A p \\le \\varepsilon\\,p^\\top p\\,\\max` (of the curvatures met so far;
+        the operator is not positive definite, or singular to working precision: add damping);
+        ``3`` met non-finite values (NaN or infinity in the operator's products).  With status 2
+        or 3 the returned solution is NaN, so that it cannot be used by mistake.
+    iterations
+        Number of CG iterations run.
+    residual
+        Relative residual :math:`\\lVert b - Ax\\rVert / \\lVert b\\rVert` by the CG recurrence (0 for ``b = 0``).
+    curvature
+        The smallest Rayleigh quotient :math:`p^\\top A p / p^\\top p` met along the search directions.
+    """
+
+    converged: jax.Array
+    status: jax.Array
+    iterations: jax.Array
+    residual: jax.Array
+    curvature: jax.Array
+
+
+def _leaves_dtype(tree: PyTree) -> Any:
+    leaves = jax.tree_util.tree_leaves(tree)
+    dtype = jnp.result_type(*leaves) if leaves else jnp.result_type(float)
+    return dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)
+
+
+def check_damping(damping: Any, who: str = "damping") -> None:
+    """Raise unless ``damping`` is a scalar (number, NumPy scalar, 0-d array or tracer) that is ``>= 0``.
+
+    The value is checked only when concrete; negative or NaN damping raises :class:`GeometryError`.
+    """
+    if isinstance(damping, (bool, np.bool_)) or (
+        hasattr(damping, "dtype") and jnp.issubdtype(damping.dtype, jnp.bool_)
+    ):
+        raise GeometryError(f"{who} must be a number >= 0, got the boolean {damping!r}.")
+    try:
+        shape = jnp.shape(damping)
+    except TypeError:
+        raise GeometryError(
+            f"{who} must be a number >= 0 (float, NumPy scalar or 0-d array); got {type(damping).__name__}."
+        ) from None
+    if shape != ():
+        raise GeometryError(f"{who} must be a scalar >= 0; got an array of shape {shape}.")
+    if isinstance(damping, jax.core.Tracer):
+        return
+    try:
+        value = float(np.asarray(damping))
+    except (TypeError, ValueError):
+        raise GeometryError(f"{who} must be a number >= 0; got {damping!r}.") from None
+    if not value >= 0 or not np.isfinite(value):  # also catches NaN
+        raise GeometryError(f"{who} must be >= 0 and finite, got {value}.")
+
+
+def _is_zero(damping: Any) -> bool:
+    """``True`` iff ``damping`` is concretely zero (a tracer is never known to be zero)."""
+    if isinstance(damping, jax.core.Tracer):
+        return False
+    return float(np.asarray(damping)) == 0.0
+
+
+def add_damping(op: Callable[[PyTree], PyTree], damping: Any) -> Callable[[PyTree], PyTree]:
+    """The operator ``v -> op(v) + damping * v`` (``damping`` may be a tracer)."""
+    if _is_zero(damping):
         return op
-    return lambda v: jax.tree_util.tree_map(lambda a, b: a + damping * b, op(v), v)
-
-
-def _check_damping(damping: float) -> None:
-    if isinstance(damping, (int, float)) and damping < 0:
-        raise GeometryError(f"damping must be >= 0, got {damping}.")
+    return lambda v: jax.tree_util.tree_map(lambda a, b: a + jnp.asarray(damping, jnp.result_type(b)) * b, op(v), v)
 
 
 def solve_spd_dense(
-    matrix: jax.Array, rhs: PyTree, *, damping: float = 0.0, what: str = "the metric G"
+    matrix: jax.Array, rhs: PyTree, *, damping: Any = 0.0, what: str = "the metric G"
 ) -> PyTree:
-    """Solve ``(matrix + damping I) x = rhs`` by Cholesky; ``rhs`` is a pytree, ``matrix`` is over its flattened coordinates."""
-    _check_damping(damping)
+    """Solve ``(matrix + damping I) x = rhs`` by Cholesky; ``rhs`` is a pytree, ``matrix`` is over its flattened coordinates.
+
+    Eagerly, a non-symmetric, singular or indefinite (damped) matrix raises
+    :class:`GeometryError`.  Under ``jit`` the checks cannot run; a failed Cholesky
+    factorization then gives NaN (never a finite wrong answer).
+    """
+    check_damping(damping)
     check_finite(rhs, "the right-hand side")
     check_square_matrix(matrix, tree_size(rhs), what)
     check_finite(matrix, what)
     flat_rhs, unravel = ravel(rhs)
-    damped = matrix + damping * jnp.eye(matrix.shape[0], dtype=matrix.dtype)
-    check_spd(damped, what + (" + damping * I" if damping else ""))
+    damped = matrix if _is_zero(damping) else matrix + damping * jnp.eye(matrix.shape[0], dtype=matrix.dtype)
+    check_spd(damped, what + ("" if _is_zero(damping) else " + damping * I"), rtol=symmetry_rtol(matrix))
     cho = jsl.cho_factor(damped, lower=True)
     return unravel(jsl.cho_solve(cho, flat_rhs))
+
+
+def _cg_flat(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, maxiter: int):
+    """Plain conjugate gradients from ``x0 = 0`` with breakdown detection; returns ``(x, SolveInfo)``."""
+    dtype = b.dtype
+    real = jnp.finfo(dtype).dtype
+    bb = jnp.real(jnp.vdot(b, b))
+    threshold = (tol**2) * bb
+    status0 = jnp.where(bb <= threshold, CG_CONVERGED, _RUNNING).astype(jnp.int32)  # b = 0: x = 0 exactly
+    status0 = jnp.where(jnp.isfinite(bb), status0, CG_NONFINITE).astype(jnp.int32)
+    inf = jnp.asarray(jnp.inf, real)
+
+    eps = jnp.finfo(dtype).eps
+
+    def cond(state):
+        return state[5] == _RUNNING
+
+    def body(state):
+        k, x, r, p, rr, _, curv, rq_max = state
+        Ap = matvec(p)
+        pAp = jnp.real(jnp.vdot(p, Ap))
+        pp = jnp.real(jnp.vdot(p, p))
+        rq = pAp / pp
+        curv = jnp.minimum(curv, rq)
+        rq_max = jnp.maximum(rq_max, rq)
+        good = rq > eps * rq_max  # p^T A p <= 0, or below round-off of the largest curvature met: not PD
+        alpha = rr / jnp.where(good, pAp, 1.0)
+        x_new = x + alpha * p
+        r_new = r - alpha * Ap
+        rr_new = jnp.real(jnp.vdot(r_new, r_new))
+        p_new = r_new + (rr_new / rr) * p
+        k1 = k + 1
+        status = jnp.where(
+            ~jnp.isfinite(pAp) | ~jnp.isfinite(rr_new),
+            CG_NONFINITE,
+            jnp.where(
+                ~good,
+                CG_NONPOSITIVE_CURVATURE,
+                jnp.where(rr_new <= threshold, CG_CONVERGED, jnp.where(k1 >= maxiter, CG_MAX_ITERATIONS, _RUNNING)),
+            ),
+        ).astype(jnp.int32)
+        keep = good & jnp.isfinite(rr_new)
+        x = jnp.where(keep, x_new, x)
+        r = jnp.where(keep, r_new, r)
+        rr = jnp.where(keep, rr_new, rr)
+        p = jnp.where(keep, p_new, p)
+        return k1, x, r, p, rr, status, curv, rq_max
+
+    init = (jnp.zeros((), jnp.int32), jnp.zeros_like(b), b, b, bb, status0, inf, -inf)
+    k, x, r, p, rr, status, curv, _ = jax.lax.while_loop(cond, body, init)
+    residual = jnp.sqrt(rr / jnp.where(bb > 0, bb, 1.0))
+    return x, SolveInfo(status == CG_CONVERGED, status, k, residual.astype(real), curv.astype(real))
 
 
 def solve_spd_cg(
     op: Callable[[PyTree], PyTree],
     rhs: PyTree,
     *,
-    damping: float = 0.0,
+    damping: Any = 0.0,
     tol: float = 1e-6,
     maxiter: int | None = None,
     what: str = "the metric G",
-) -> PyTree:
-    """Solve ``(op + damping I) x = rhs`` by conjugate gradients (``jax.scipy.sparse.linalg.cg``).
+    return_info: bool = False,
+) -> PyTree | tuple[PyTree, SolveInfo]:
+    """Solve ``(op + damping I) x = rhs`` by conjugate gradients; ``x0 = 0``.
 
-    When the values are concrete (not under ``jit``), the relative residual and
-    the curvature ``x^T A x`` are checked afterwards; a solve that did not
-    converge, or that met zero or negative curvature, raises a
-    :class:`GeometryError` suggesting damping.
+    Differentiable (``lax.custom_linear_solve``), ``jit``- and ``vmap``-compatible.
+    ``rhs = 0`` gives exactly ``x = 0``.  Every step checks the curvature
+    :math:`p^\\top A p`: a non-positive value means the operator is not positive
+    definite (on the Krylov space CG explored) and stops the iteration.
+
+    Errors and status:
+
+    * **Eagerly** (concrete values), a solve that did not converge, met non-positive
+      curvature or non-finite values raises :class:`GeometryError` (suggesting damping);
+      the true residual is checked as well.
+    * **Under** ``jit`` no exception is possible: with ``return_info=True`` the result
+      is ``(x, info)``, a :class:`SolveInfo` whose ``status``/``converged`` fields the
+      caller checks; ``x`` is NaN when the operator was found not positive definite
+      (status 2) or non-finite (status 3), and the last iterate when ``maxiter`` was
+      reached (status 1).
+
+    ``tol`` is relative to ``|rhs|`` and is raised to at least ``eps`` of the dtype.
+    ``maxiter`` defaults to ``10 * d``.
     """
-    _check_damping(damping)
+    check_damping(damping)
     check_finite(rhs, "the right-hand side")
     damped = add_damping(op, damping)
-    maxiter = maxiter if maxiter is not None else 10 * tree_size(rhs)
-    solution, _ = jax.scipy.sparse.linalg.cg(damped, rhs, tol=tol, maxiter=maxiter)
-    if is_concrete(solution):
-        residual = jax.tree_util.tree_map(lambda a, b: a - b, damped(solution), rhs)
-        res_norm = float(jnp.sqrt(tree_vdot(residual, residual)))
-        rhs_norm = max(float(jnp.sqrt(tree_vdot(rhs, rhs))), np.finfo(np.float64).tiny)
-        curvature = float(tree_vdot(solution, damped(solution)))
-        if not np.isfinite(res_norm) or res_norm > 10 * tol * rhs_norm or not curvature > 0:
-            raise GeometryError(
-                f"conjugate gradients on {what} did not converge (relative residual "
-                f"{res_norm / rhs_norm:.3g} after at most {maxiter} iterations). The operator is probably "
-                "singular or indefinite: add damping (e.g. damping=1e-3), or raise maxiter."
-            )
-    return solution
+    if is_concrete(rhs):
+        damped(rhs)  # one eager product: runs the value checks inside the operator (traced in the loop below)
+    flat_b, unravel = ravel(rhs)
+    d = flat_b.size
+    maxiter = int(maxiter) if maxiter is not None else 10 * max(d, 1)
+    if maxiter < 1:
+        raise GeometryError(f"conjugate gradients: maxiter must be >= 1, got {maxiter}.")
+    eps = float(jnp.finfo(flat_b.dtype if jnp.issubdtype(flat_b.dtype, jnp.inexact) else float).eps)
+    if not jnp.issubdtype(flat_b.dtype, jnp.inexact):
+        flat_b = flat_b.astype(jnp.result_type(float))
+    tol_eff = tol if isinstance(tol, jax.core.Tracer) else max(float(tol), eps)
+
+    def matvec(x):
+        return ravel(damped(unravel(x)))[0].astype(flat_b.dtype)
+
+    def solve(mv, b):
+        return _cg_flat(mv, b, tol_eff, maxiter)
+
+    flat_x, info = jax.lax.custom_linear_solve(matvec, flat_b, solve, symmetric=True, has_aux=True)
+    failed = (info.status == CG_NONPOSITIVE_CURVATURE) | (info.status == CG_NONFINITE)
+    flat_x = jnp.where(failed, jnp.nan, flat_x)
+    solution = unravel(flat_x)
+    if is_concrete(flat_x, info):
+        _raise_on_cg_failure(matvec, flat_b, flat_x, info, tol_eff, eps, maxiter, what)
+    return (solution, info) if return_info else solution
+
+
+def _raise_on_cg_failure(matvec, b, x, info: SolveInfo, tol: float, eps: float, maxiter: int, what: str) -> None:
+    status = int(info.status)
+    k = int(info.iterations)
+    curv = float(info.curvature)
+    if status == CG_NONFINITE:
+        raise GeometryError(
+            f"conjugate gradients on {what} met non-finite values (NaN or infinity) after {k} iterations: the "
+            "operator's products are not finite. Check the metric at these parameters."
+        )
+    if status == CG_NONPOSITIVE_CURVATURE:
+        bb = float(jnp.vdot(b, b))
+        rayleigh = abs(float(jnp.vdot(b, matvec(b)))) / bb if bb > 0 else 1.0
+        suggestion = 1e-3 * (rayleigh if np.isfinite(rayleigh) and rayleigh > 0 else 1.0)
+        raise GeometryError(
+            f"{what} is not positive definite: add damping (e.g. damping={suggestion:.3g}). Conjugate gradients did "
+            f"not converge: at iteration {k} it met non-positive curvature p^T A p / p^T p = {curv:.3g} <= 0, so the "
+            "operator is singular or indefinite (on the directions explored). Add damping, or use a pseudo-inverse "
+            "where a singular metric is intended."
+        )
+    b_norm = float(jnp.linalg.norm(b))
+    if status == CG_MAX_ITERATIONS:
+        raise GeometryError(
+            f"conjugate gradients on {what} did not converge (relative residual {float(info.residual):.3g} > "
+            f"tol={tol:.3g} after {maxiter} iterations). The operator is probably singular or badly conditioned: "
+            "add damping (e.g. damping=1e-3), or raise maxiter."
+        )
+    if b_norm == 0.0:
+        return
+    true_res = float(jnp.linalg.norm(matvec(x) - b)) / b_norm
+    # round-off floor of the true residual: eps * |A| |x| / |b|, |A| >= the largest Rayleigh quotient met
+    floor = 100 * eps * float(jnp.linalg.norm(matvec(x))) / b_norm
+    if not np.isfinite(true_res) or true_res > max(10 * tol, floor):
+        raise GeometryError(
+            f"conjugate gradients on {what} did not converge (true relative residual {true_res:.3g} after {k} "
+            "iterations; the recurrence had reached the tolerance). The operator is probably singular, "
+            "indefinite or badly conditioned: add damping (e.g. damping=1e-3)."
+        )
 
 
 def lanczos_tridiagonal(
@@ -88,6 +309,9 @@ def lanczos_tridiagonal(
     apply_ginv: Callable[[jax.Array], jax.Array],
     z: jax.Array,
     m: int,
+    *,
+    key: jax.Array | None = None,
+    breakdown_tol: float | None = None,
 ) -> jax.Array:
     """Lanczos tridiagonalization of ``E = G^{-1} H`` in the ``G``-inner product, full reorthogonalization.
 
@@ -95,30 +319,78 @@ def lanczos_tridiagonal(
     each step needs one product with ``H`` and one with ``G^{-1}`` (the identity for
     the ordinary, Euclidean Lanczos).  The start vector is ``G^{-1} z`` normalized
     in the ``G``-norm, so for ``G = I`` it is ``z / |z|``.  Works on flat 1-D vectors
-    and is ``jit``/``vmap``-compatible.  Returns the ``m x m`` tridiagonal matrix.
+    and is ``jit``/``vmap``-compatible (a fixed number ``m`` of steps).  Returns the
+    ``m x m`` tridiagonal matrix.
+
+    **Breakdown.**  When the Krylov space becomes invariant (for example after
+    ``rank + 1`` steps on a low-rank Hessian, or after one step on ``c I``), the next
+    residual ``beta_j`` is round-off.  A step with ``beta_j <= breakdown_tol * scale``
+    (``scale`` the largest ``|alpha_i|``, ``beta_i`` met so far; ``breakdown_tol``
+    defaults to ``10 * sqrt(d) * eps``) is treated as a breakdown: ``beta_j`` is set to
+    0 and Lanczos restarts from a random vector (drawn with ``key``, default
+    ``PRNGKey(0)``) ``G``-orthogonalized against the basis.  ``T`` is then block
+    diagonal, every block's eigenvalues are exact Ritz values of ``E``, and the
+    eigenvectors of the later blocks have a zero first component, so Gauss
+    quadrature on ``e_1`` (stochastic Lanczos quadrature) is unaffected.  ``m`` must
+    not exceed ``d``.
     """
     d = z.shape[0]
+    if m > d:
+        raise GeometryError(f"lanczos_tridiagonal: m = {m} steps exceed the dimension d = {d}.")
+    dtype = z.dtype
+    eps = float(jnp.finfo(dtype).eps)
+    tol = float(breakdown_tol) if breakdown_tol is not None else 10.0 * float(np.sqrt(d)) * eps
+    key = jax.random.PRNGKey(0) if key is None else key
+
+    def reorth(h, Q, W):
+        for _ in range(2):  # full reorthogonalization, twice ("twice is enough")
+            h = h - W.T @ (Q @ h)
+        return h
+
+    def restart(i, Q, W):
+        r = jax.random.normal(jax.random.fold_in(key, i), (d,), dtype=dtype)
+        r = reorth(r, Q, W)
+        v = apply_ginv(r)
+        nr = jnp.sqrt(jnp.maximum(jnp.vdot(v, r), 0.0))
+        nr = jnp.where(nr > 0, nr, 1.0)
+        return v / nr, r / nr
+
+    Q = jnp.zeros((m, d), dtype=dtype)  # rows: the G-orthonormal basis q_i
+    W = jnp.zeros((m, d), dtype=dtype)  # rows: G q_i, so that <q_i, x>_G = q_i^T (G x)
     q = apply_ginv(z)  # <q, q>_G = q^T G q = q^T z
-    norm = jnp.sqrt(jnp.vdot(q, z))
-    Q = jnp.zeros((m, d), dtype=z.dtype).at[0].set(q / norm)  # rows: the G-orthonormal basis q_i
-    W = jnp.zeros((m, d), dtype=z.dtype).at[0].set(z / norm)  # rows: G q_i, so that <q_i, x>_G = q_i^T (G x)
-    alphas = jnp.zeros(m, dtype=z.dtype)
-    betas = jnp.zeros(m, dtype=z.dtype)
+    norm = jnp.sqrt(jnp.maximum(jnp.vdot(q, z), 0.0))
+    q0, w0 = jax.lax.cond(
+        norm > 0,
+        lambda _: (q / jnp.where(norm > 0, norm, 1.0), z / jnp.where(norm > 0, norm, 1.0)),
+        lambda _: restart(m, Q, W),
+        None,
+    )
+    Q, W = Q.at[0].set(q0), W.at[0].set(w0)
+    alphas = jnp.zeros(m, dtype=dtype)
+    betas = jnp.zeros(m, dtype=dtype)
+    scale0 = jnp.zeros((), dtype=dtype)
 
     def body(i, carry):
-        Q, W, alphas, betas = carry
+        Q, W, alphas, betas, scale = carry
         h = apply_h(Q[i])  # = G (E q_i)
         alpha = jnp.vdot(Q[i], h)
-        for _ in range(2):  # full reorthogonalization, twice
-            h = h - W.T @ (Q @ h)
+        h = reorth(h, Q, W)
         v = apply_ginv(h)
         beta = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
-        safe = jnp.where(beta > 0, beta, 1.0)
+        scale = jnp.maximum(scale, jnp.maximum(jnp.abs(alpha), beta))
         nxt = jnp.minimum(i + 1, m - 1)
         keep = i + 1 < m
-        Q = Q.at[nxt].set(jnp.where(keep, v / safe, Q[nxt]))
-        W = W.at[nxt].set(jnp.where(keep, h / safe, W[nxt]))
-        return Q, W, alphas.at[i].set(alpha), betas.at[i].set(beta)
+        broke = keep & (beta <= tol * scale)  # NaN is not a breakdown: it propagates into T
 
-    _, _, alphas, betas = jax.lax.fori_loop(0, m, body, (Q, W, alphas, betas))
+        def normalize(_):
+            safe = jnp.where(beta > 0, beta, 1.0)
+            return v / safe, h / safe
+
+        q_next, w_next = jax.lax.cond(broke, lambda _: restart(i, Q, W), normalize, None)
+        beta = jnp.where(broke, 0.0, beta)
+        Q = Q.at[nxt].set(jnp.where(keep, q_next, Q[nxt]))
+        W = W.at[nxt].set(jnp.where(keep, w_next, W[nxt]))
+        return Q, W, alphas.at[i].set(alpha), betas.at[i].set(beta), scale
+
+    _, _, alphas, betas, _ = jax.lax.fori_loop(0, m, body, (Q, W, alphas, betas, scale0))
     return jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)

@@ -42,9 +42,10 @@ from ._checks import (
     check_same_structure,
     check_spd,
     check_square_matrix,
+    check_symmetric,
     is_concrete,
 )
-from ._linalg import solve_spd_cg, solve_spd_dense
+from ._linalg import SolveInfo, solve_spd_cg, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
 
 __all__ = [
@@ -232,13 +233,17 @@ class Reparametrization:
             jac, f"The Jacobian of {self.name} at {what}", hint="The map is not differentiable there."
         )
         if is_concrete(jac) and jac.size:
-            sv = np.linalg.svd(np.asarray(jac, dtype=np.float64), compute_uv=False)
-            eps = np.finfo(np.asarray(jac).dtype).eps
-            if sv[-1] <= eps * jac.shape[0] * sv[0]:
+            # relative to the dtype and to each coordinate's scale (row/column equilibration):
+            # diag(exp(x)) at widely spread x is invertible, a zero row or dependent rows are not
+            from ._checks import numerically_singular
+
+            singular, smallest, largest = numerically_singular(jac)
+            if singular:
                 raise GeometryError(
                     f"The Jacobian of {self.name} is singular at this {what} (smallest singular value "
-                    f"{sv[-1]:.3g}, largest {sv[0]:.3g}): the map is not invertible here, so it is not a "
-                    "valid reparametrization at this point. Move away from the singular point."
+                    f"{smallest:.3g}, largest {largest:.3g}, even after rescaling each coordinate): the "
+                    "map is not invertible here, so it is not a valid reparametrization at this point. "
+                    "Move away from the singular point."
                 )
         return jac
 
@@ -259,7 +264,24 @@ class Reparametrization:
 # helpers for metric-like objects
 # ---------------------------------------------------------------------------
 def _is_matrix(obj: Any) -> bool:
-    return not callable(obj) and hasattr(obj, "shape")
+    if callable(obj):
+        return False
+    if hasattr(obj, "shape"):
+        return True
+    return isinstance(obj, (list, tuple)) and _nested_numbers(obj)
+
+
+def _nested_numbers(obj: Any) -> bool:
+    """A (nested) list/tuple of real numbers, e.g. ``[[1.0, 0.0], [0.0, 1.0]]``."""
+    leaves = jax.tree_util.tree_leaves(obj)
+    return bool(leaves) and all(
+        isinstance(x, (int, float, np.number)) and not isinstance(x, (bool, np.bool_)) for x in leaves
+    )
+
+
+def _as_array(obj: Any) -> Any:
+    """Nested lists of numbers become an array (a matrix given as a list is accepted)."""
+    return jax.numpy.asarray(np.asarray(obj)) if isinstance(obj, (list, tuple)) and _nested_numbers(obj) else obj
 
 
 def _apply_dense(matrix: jax.Array, v: PyTree) -> PyTree:
@@ -268,9 +290,12 @@ def _apply_dense(matrix: jax.Array, v: PyTree) -> PyTree:
 
 
 def _as_operator(obj: MetricLike, point: PyTree, what: str) -> Callable[[PyTree], PyTree]:
+    """``v -> G v`` for a dense matrix (checked: square, finite, symmetric) or a callable."""
     if _is_matrix(obj):
+        obj = _as_array(obj)
         check_square_matrix(obj, tree_size(point), what)
         check_finite(obj, what)
+        check_symmetric(obj, what)
         return lambda v: _apply_dense(obj, v)
     if callable(obj):
         return obj
@@ -606,6 +631,7 @@ def inner(G: MetricLike, u: PyTree, v: PyTree) -> jax.Array:
     >>> float(inner(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 1.0]), jnp.array([1.0, 1.0])))
     5.0
     """
+    u, v = _as_array(u), _as_array(v)
     check_same_structure(u, v, "the vector v", "the vector u")
     return tree_vdot(u, flat(G, v))
 
@@ -613,8 +639,9 @@ def inner(G: MetricLike, u: PyTree, v: PyTree) -> jax.Array:
 def flat(G: MetricLike, v: PyTree) -> PyTree:
     r"""Lower an index, :math:`v^\flat = G v`: the covector :math:`\langle v, \cdot\rangle_G`.
 
-    ``G`` is a dense matrix over the flattened coordinates of ``v`` or a callable
-    ``v -> G v``.
+    ``G`` is a dense matrix over the flattened coordinates of ``v`` (an array or a
+    nested list; it must be symmetric to round-off, else :class:`~minigeo.GeometryError`)
+    or a callable ``v -> G v``.  A list of numbers ``v`` is converted to an array.
 
     References
     ----------
@@ -628,6 +655,7 @@ def flat(G: MetricLike, v: PyTree) -> PyTree:
     >>> flat(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 1.0]))
     Array([1., 4.], dtype=float32)
     """
+    v = _as_array(v)
     check_finite(v, "the vector v")
     out = _as_operator(G, v, "the metric G")(v)
     check_same_structure(v, out, "G v", "the vector v")
@@ -638,9 +666,10 @@ def sharp(
     G: MetricLike,
     omega: PyTree,
     *,
-    damping: float = 0.0,
+    damping: Any = 0.0,
     tol: float = 1e-6,
     maxiter: int | None = None,
+    return_info: bool = False,
 ) -> PyTree:
     r"""Raise an index, :math:`\omega^\sharp = (G + \lambda I)^{-1}\omega`: the vector dual to a covector.
 
@@ -652,14 +681,22 @@ def sharp(
     ----------
     G
         Dense symmetric positive-definite matrix (solved by Cholesky; its
-        positive definiteness is checked eagerly) or a callable ``v -> G v``
-        (solved by conjugate gradients, with a convergence check).
+        symmetry and positive definiteness are checked eagerly, by its eigenvalues)
+        or a callable ``v -> G v`` (solved by conjugate gradients, with a
+        convergence check and a curvature check :math:`p^\top G p > 0` at every step:
+        an operator found indefinite or singular raises :class:`~minigeo.GeometryError`).
     omega
-        The covector (array or pytree).
+        The covector (array, pytree, or a list of numbers).
     damping
-        :math:`\lambda \ge 0` added to the diagonal; use it for singular metrics.
+        :math:`\lambda \ge 0` added to the diagonal (the operator :math:`G + \lambda I`); use it
+        for singular metrics.  A number, NumPy scalar, 0-d array or traced value.
     tol, maxiter
         Conjugate-gradient relative tolerance and iteration limit (matrix-free only).
+    return_info
+        If ``True``, return ``(omega_sharp, info)`` with a ``SolveInfo`` (``converged``,
+        ``status``, ...; see :meth:`~minigeo.Metric.solve`), the way to check a CG solve
+        under ``jit``, where nothing can be raised (a matrix found not positive definite
+        then gives NaN).  The dense path reports ``converged=True``.
 
     References
     ----------
@@ -674,8 +711,16 @@ def sharp(
     >>> sharp(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 4.0]))
     Array([1., 1.], dtype=float32)
     """
+    omega = _as_array(omega)
     check_finite(omega, "the covector omega")
     if _is_matrix(G):
-        return solve_spd_dense(G, omega, damping=damping, what="the metric G")
+        x = solve_spd_dense(_as_array(G), omega, damping=damping, what="the metric G")
+        if not return_info:
+            return x
+        dtype = jax.numpy.result_type(*jax.tree_util.tree_leaves(x))
+        zero, izero = jax.numpy.zeros((), dtype), jax.numpy.zeros((), jax.numpy.int32)
+        return x, SolveInfo(jax.numpy.asarray(True), izero, izero, zero, zero)
     op = _as_operator(G, omega, "the metric G")
-    return solve_spd_cg(op, omega, damping=damping, tol=tol, maxiter=maxiter, what="the metric G")
+    return solve_spd_cg(
+        op, omega, damping=damping, tol=tol, maxiter=maxiter, what="the metric G", return_info=return_info
+    )

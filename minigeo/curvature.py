@@ -26,11 +26,13 @@ import jax.scipy.linalg as jsl
 
 from ._checks import (
     GeometryError,
+    as_float_point,
     check_finite,
     check_same_structure,
     check_spd,
     check_square_matrix,
     is_concrete,
+    symmetry_rtol,
 )
 from ._linalg import lanczos_tridiagonal, solve_spd_cg
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
@@ -107,7 +109,7 @@ def _metric_at(metric_fn: MetricFn, x: jax.Array) -> jax.Array:
         return jnp.eye(d, dtype=x.dtype)
     G = metric_fn(x)
     check_square_matrix(G, d, "metric_fn(x)")
-    check_spd(G, "the metric")
+    check_spd(G, "the metric", rtol=symmetry_rtol(G))
     return G
 
 
@@ -212,7 +214,7 @@ def _whitened(H: jax.Array, G: jax.Array) -> tuple[jax.Array, jax.Array]:
     check_square_matrix(H, None, "the Hessian H")
     check_square_matrix(G, H.shape[0], "the metric G")
     check_finite(H, "the Hessian H")
-    check_spd(G, "the metric G")
+    check_spd(G, "the metric G", rtol=symmetry_rtol(G))
     L = jnp.linalg.cholesky(G)
     A = jsl.solve_triangular(L, jsl.solve_triangular(L, H, lower=True).T, lower=True).T  # L^{-1} H L^{-T}
     return 0.5 * (A + A.T), L
@@ -378,6 +380,8 @@ def trace_estimate(
     """
     if not (isinstance(num_probes, int) and num_probes >= 1):
         raise GeometryError(f"trace_estimate: num_probes must be a positive int, got {num_probes!r}.")
+    params = as_float_point(params, "params")
+    check_finite(params, "params")
     apply_inverse = _metric_inverse(metric, params, tol, maxiter)
     probes = _rademacher_like(key, params, num_probes)
 
@@ -426,6 +430,14 @@ def top_eigenvalues(
     diagonal, or a CG solve).  Full reorthogonalization; ``num_iterations`` is
     capped at the number of parameters.
 
+    Low-rank curvature: when the Krylov space becomes invariant (e.g. after
+    ``rank + 1`` steps on a rank-deficient Hessian), Lanczos detects the breakdown
+    (:math:`\beta_j \le 10\sqrt d\,\varepsilon` times the operator's scale, :math:`\varepsilon`
+    the dtype's machine epsilon) and restarts from a fresh random vector
+    orthogonal to the basis, so the eigenvalues returned are exact (to a few
+    :math:`\varepsilon` of the spectrum's scale) for low-rank Hessians, zeros included.
+    ``key`` draws the start vector and the restart vectors.  Works under ``jit``.
+
     References
     ----------
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (invariant eigenvalues), computed by Lanczos in the
@@ -439,6 +451,8 @@ def top_eigenvalues(
     >>> mg.top_eigenvalues(f, jnp.zeros(5), jax.random.PRNGKey(0), k=2).round(4)
     Array([5., 4.], dtype=float32)
     """
+    params = as_float_point(params, "params")
+    check_finite(params, "params")
     d = tree_size(params)
     m = min(num_iterations, d)
     if not (isinstance(k, int) and 1 <= k <= m):
@@ -448,7 +462,9 @@ def top_eigenvalues(
     Hv = lambda v: ravel(hvp(f, params, unravel(v)))[0]
     Ginv = lambda v: ravel(apply_inverse(unravel(v)))[0]
 
-    T = lanczos_tridiagonal(Hv, Ginv, jax.random.normal(key, (d,), dtype=flat0.dtype), m)
+    T = lanczos_tridiagonal(
+        Hv, Ginv, jax.random.normal(key, (d,), dtype=flat0.dtype), m, key=jax.random.fold_in(key, 1)
+    )
     ritz = jnp.linalg.eigvalsh(T)
     check_finite(ritz, "The Lanczos Ritz values", hint="The Hessian-vector products are not finite.")
     return ritz[::-1][:k]

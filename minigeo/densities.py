@@ -25,6 +25,7 @@ from typing import Any, Callable, NamedTuple, Sequence, Union
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ._checks import GeometryError, check_finite, check_spd, check_square_matrix, is_concrete
 from ._linalg import lanczos_tridiagonal
@@ -139,7 +140,22 @@ def logdet_slq(
     :math:`\log\det A = \mathrm{tr}\log A = \mathbb E_z[z^\top \log(A) z]`; for each Rademacher
     probe, ``num_iterations`` Lanczos steps give a Gauss quadrature
     :math:`z^\top\log(A)z \approx |z|^2\sum_k \tau_k^2\log\lambda_k` (Ubaru, Chen & Saad 2017).
-    Probes are vectorised with ``vmap``.  Returns ``(estimate, standard_error)``.
+    Probes are ``jax.random.rademacher(key, (num_probes, dim))``, vectorised with ``vmap``.
+    Returns ``(estimate, standard_error)``.
+
+    Exactness: the quadrature is exact for a probe when :math:`A` has at most
+    ``num_iterations`` distinct eigenvalues.  Lanczos detects the breakdown of the
+    Krylov space and restarts (see ``lanczos_tridiagonal``), so :math:`cI` gives exactly
+    :math:`d\log c` (the Krylov space is invariant after one step), and
+    :math:`I + UU^\top` of rank :math:`r` gives every probe's :math:`z^\top\log(A)z`
+    exactly once ``num_iterations`` :math:`\ge r + 1`; what remains is the Hutchinson
+    sampling error, zero when :math:`\log A` is diagonal.
+
+    Not positive definite: a probe whose smallest Ritz value is
+    :math:`\le 10\sqrt d\,\varepsilon` times its largest one (:math:`\varepsilon` the dtype's
+    machine epsilon) shows a singular or indefinite operator.  Eagerly this raises
+    :class:`~minigeo.GeometryError`; under ``jit`` (no exception possible) the estimate is
+    **NaN** (and so is its standard error), never a finite wrong number.
 
     References
     ----------
@@ -154,24 +170,43 @@ def logdet_slq(
     >>> est, se = mg.logdet_slq(lambda v: A @ v, 5, jax.random.PRNGKey(0), num_iterations=5)
     >>> round(float(est), 3), round(float(jnp.log(120.0)), 3)   # exact with Rademacher probes, diagonal A
     (4.787, 4.787)
+    >>> est, se = mg.logdet_slq(lambda v: 3.0 * v, 10, jax.random.PRNGKey(0))   # 3 I: exactly 10 log 3
+    >>> round(float(est), 4), round(10 * float(jnp.log(3.0)), 4)
+    (10.9861, 10.9861)
     """
     if not (isinstance(num_probes, int) and num_probes >= 1):
         raise GeometryError(f"logdet_slq: num_probes must be a positive int, got {num_probes!r}.")
-    m = min(num_iterations, dim)
+    if not (isinstance(dim, (int, np.integer)) and dim >= 1):
+        raise GeometryError(f"logdet_slq: dim must be a positive int, got {dim!r}.")
+    if not (isinstance(num_iterations, (int, np.integer)) and num_iterations >= 1):
+        raise GeometryError(f"logdet_slq: num_iterations must be a positive int, got {num_iterations!r}.")
+    dim = int(dim)
+    m = min(int(num_iterations), dim)
     dtype = dtype or jnp.result_type(float)
     probes = jax.random.rademacher(key, (num_probes, dim), dtype=dtype)
+    restart_key = jax.random.fold_in(key, 1)
+    rel = 10.0 * float(np.sqrt(dim)) * float(jnp.finfo(dtype).eps)
 
-    def one(z: jax.Array) -> jax.Array:
-        T = lanczos_tridiagonal(matvec, lambda v: v, z, m)
+    def one(z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        T = lanczos_tridiagonal(matvec, lambda v: v, z, m, key=restart_key)
         evals, evecs = jnp.linalg.eigh(T)
-        return jnp.vdot(z, z) * jnp.sum(evecs[0] ** 2 * jnp.log(jnp.abs(evals))), jnp.min(evals)
+        top = jnp.max(jnp.abs(evals))
+        positive = evals[0] > rel * top
+        value = jnp.vdot(z, z) * jnp.sum(evecs[0] ** 2 * jnp.log(jnp.where(evals > 0, evals, 1.0)))
+        return jnp.where(positive, value, jnp.nan), evals[0], top
 
-    values, smallest = jax.vmap(one)(probes)
-    if is_concrete(smallest) and float(jnp.min(smallest)) <= 0:
-        raise GeometryError(
-            "logdet_slq: the operator has non-positive Ritz values, so it is not positive definite. At a point that "
-            "is not a strict minimum use a GGN/Fisher curvature, or add prior precision (damping)."
-        )
+    values, smallest, largest = jax.vmap(one)(probes)
+    if is_concrete(values, smallest):
+        check_finite(largest, "logdet_slq: the Lanczos Ritz values", hint="The operator's products are not finite.")
+        worst = int(jnp.argmin(smallest / largest))
+        lo, hi = float(smallest[worst]), float(largest[worst])
+        if not lo > rel * hi:
+            state = "indefinite" if lo < -rel * hi else "singular (to working precision)"
+            raise GeometryError(
+                f"logdet_slq: the operator is not positive definite: it is {state} (smallest Ritz value {lo:.3g}, "
+                f"largest {hi:.3g}; non-positive or below {rel:.1e} x largest). At a point that is not a strict "
+                "minimum use a GGN/Fisher curvature, or add prior precision (damping)."
+            )
     se = (
         jnp.std(values, ddof=1) / jnp.sqrt(num_probes)
         if num_probes > 1
@@ -356,6 +391,19 @@ def laplace_log_marginal_likelihood(
     return LaplaceEvidence(-value + rest, value, rest, logdet, logdet_se, d)
 
 
+def _check_nonzero_columns(norm: jax.Array, key: str, what: str) -> None:
+    """Weight normalization needs a direction per unit: refuse zero columns (concrete values only)."""
+    if not is_concrete(norm):
+        return
+    zero = np.flatnonzero(np.asarray(norm).reshape(-1) == 0)
+    if zero.size:
+        raise GeometryError(
+            f"weight_norm: {what} {key!r} has {zero.size} zero column(s) (units {zero[:5].tolist()}), whose "
+            "direction eta = W / |W| is undefined. Weight normalization needs every unit's weights to be non-zero: "
+            "initialize them randomly, or leave this layer out of weight_norm."
+        )
+
+
 class WeightNorm(NamedTuple):
     r"""Weight normalization :math:`W = r\,\eta/\lVert\eta\rVert` of chosen dense-layer weights in a parameter pytree.
 
@@ -369,6 +417,10 @@ class WeightNorm(NamedTuple):
     Use :meth:`split` (:math:`\theta \to \psi`, with unit-norm :math:`\eta`, as in paper 000's
     :math:`\theta = r\eta`, :math:`\eta \in S^{d-1}`) and
     :meth:`merge` (:math:`\psi \to \theta`).
+
+    A unit whose weight column (or direction :math:`\eta`) is zero has no direction:
+    :meth:`split` and :meth:`merge` raise :class:`~minigeo.GeometryError` for it when the
+    values are concrete (under ``jit`` the check cannot run and the result is NaN).
 
     References
     ----------
@@ -395,6 +447,7 @@ class WeightNorm(NamedTuple):
         for k in self.keys:
             eta, r = psi[k]["eta"], psi[k]["r"]
             norm = jnp.sqrt(jnp.sum(eta**2, axis=tuple(range(eta.ndim - 1))))
+            _check_nonzero_columns(norm, k, "eta")
             theta[k] = eta * (r / norm)
         return theta
 
@@ -411,6 +464,7 @@ class WeightNorm(NamedTuple):
             if jnp.ndim(W) < 1:
                 raise GeometryError(f"weight_norm: {k!r} must be an array of weights, got a scalar.")
             norm = jnp.sqrt(jnp.sum(W**2, axis=tuple(range(W.ndim - 1))))
+            _check_nonzero_columns(norm, k, "the weight")
             psi[k] = {"r": norm, "eta": W / norm}
         return psi
 

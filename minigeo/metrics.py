@@ -29,7 +29,6 @@ batch size (matching a mean loss), ``"sum"`` does not.
 
 from __future__ import annotations
 
-import functools
 from dataclasses import dataclass
 from typing import Any, Callable, NamedTuple, Union
 
@@ -37,8 +36,17 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import GeometryError, check_finite, check_same_structure, check_spd, is_concrete
-from ._linalg import solve_spd_cg, solve_spd_dense
+from ._checks import (
+    GeometryError,
+    as_float_point,
+    check_finite,
+    check_same_structure,
+    check_spd,
+    check_symmetric,
+    is_concrete,
+    symmetry_rtol,
+)
+from ._linalg import SolveInfo, add_damping, check_damping, solve_spd_cg, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
 
 __all__ = [
@@ -69,7 +77,22 @@ class Metric:
     name
         Shown in error messages.
     damping
-        :math:`\lambda \ge 0`; :meth:`mv` returns :math:`(G + \lambda I) v`.
+        :math:`\lambda \ge 0`; :meth:`mv` returns :math:`(G + \lambda I) v`, with :math:`G` the
+        operator of ``mv_fn``.  A Python number, NumPy scalar, 0-d JAX array or a traced
+        value; negative or NaN values raise :class:`GeometryError` (when concrete).
+
+    Notes
+    -----
+    **One meaning of damping** throughout minigeo: damping :math:`\lambda` is always *added*,
+    the operator :math:`G + \lambda I`.  :meth:`with_damping` sets the metric's own damping
+    (``G.with_damping(a).with_damping(b)`` has damping ``b``, not ``a + b``), and
+    :func:`~minigeo.natural_gradient` ``(metric, ..., damping=c)`` solves with
+    ``metric.mv + c I``, i.e. :math:`G + (\lambda + c) I`; so for an undamped ``G``,
+    ``natural_gradient(G, p, g, damping=c)`` equals ``G.with_damping(c).solve(p, g)``.
+
+    :meth:`dense` builds the matrix afresh at every call (nothing is cached on the
+    metric or its functions), so a metric whose function reads changing state gives
+    the current matrix, and metrics made in a loop are garbage-collected.
 
     References
     ----------
@@ -95,16 +118,17 @@ class Metric:
     def __post_init__(self) -> None:
         if not callable(self.mv_fn):
             raise GeometryError(f"Metric needs a callable mv_fn(params, v); got {type(self.mv_fn).__name__}.")
-        if isinstance(self.damping, (int, float)) and not self.damping >= 0:
-            raise GeometryError(f"{self.name}: damping must be >= 0, got {self.damping}.")
+        check_damping(self.damping, f"{self.name}: damping")
 
     def mv(self, params: PyTree, v: PyTree) -> PyTree:
-        r""":math:`(G(\theta) + \lambda I)\,v` for a tangent vector ``v`` shaped like ``params``."""
+        r""":math:`(G(\theta) + \lambda I)\,v` for a tangent vector ``v`` shaped like ``params``.
+
+        Lists of numbers are converted to arrays; empty or integer inputs raise :class:`GeometryError`.
+        """
+        params = as_float_point(params, "params")
+        v = as_float_point(v, "the vector v")
         check_same_structure(params, v, "the vector v", "params")
-        out = self.mv_fn(params, v)
-        if self.damping:
-            out = jax.tree_util.tree_map(lambda a, b: a + self.damping * b, out, v)
-        return out
+        return add_damping(lambda u: self.mv_fn(params, u), self.damping)(v)
 
     def at(self, params: PyTree) -> Callable[[PyTree], PyTree]:
         """The linear map ``v -> G v`` at a fixed point (a ``MetricLike`` for :mod:`minigeo.coords`)."""
@@ -115,20 +139,28 @@ class Metric:
         check_same_structure(u, v, "the vector v", "the vector u")
         return tree_vdot(u, self.mv(params, v))
 
-    def with_damping(self, damping: float) -> "Metric":
-        r"""The same metric plus :math:`\lambda I` (replacing any previous damping)."""
+    def with_damping(self, damping: Any) -> "Metric":
+        r"""The same metric with damping :math:`\lambda`: the operator :math:`G + \lambda I`.
+
+        Replaces any previous ``with_damping`` value (it does not accumulate).  ``damping``
+        may be a Python number, NumPy scalar, 0-d array or a traced value; negative or NaN
+        values raise :class:`GeometryError` when concrete.
+        """
         return Metric(self.mv_fn, self.name, damping)
 
     def dense(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
         """The dense ``d x d`` matrix over the flattened parameters (``ravel_pytree`` order).
 
-        Built from ``d`` matrix-vector products (vectorised with ``vmap`` and
-        compiled once per metric object); refuses above ``max_size`` parameters.
-        Value checks inside the products (e.g. positive diagonal weights) do not
-        run in this compiled path; :meth:`check_positive_definite` checks the result.
+        Built from ``d`` matrix-vector products vectorised with ``vmap``, afresh at
+        every call: nothing is cached on the metric or on the user's functions, so a
+        function that reads changing state gives the current matrix (wrap the call in
+        ``jax.jit`` yourself to compile it).  Refuses above ``max_size`` parameters and
+        non-finite parameters; :meth:`check_positive_definite` checks the result.
         """
+        params = as_float_point(params, "params")
         check_dense_size(tree_size(params), max_size, f"The {self.name} metric")
-        return _dense_program(self)(params)
+        check_finite(params, "params")
+        return _dense_matrix(self, params)
 
     def solve(
         self,
@@ -139,45 +171,70 @@ class Metric:
         tol: float = 1e-6,
         maxiter: int | None = None,
         max_size: int = DEFAULT_MAX_DENSE_SIZE,
-    ) -> PyTree:
+        return_info: bool = False,
+    ) -> PyTree | tuple[PyTree, SolveInfo]:
         r""":math:`(G + \lambda I)^{-1}\,\mathrm{rhs}`: conjugate gradients (``"cg"``) or Cholesky (``"dense"``).
 
-        Raises :class:`GeometryError` if the (damped) metric is singular or
-        indefinite, with the advice to add damping.
+        Eagerly, raises :class:`GeometryError` if the (damped) metric is not
+        symmetric, singular or indefinite (dense: by its eigenvalues; CG: by the
+        curvature :math:`p^\top A p \le 0` met along the search directions), or if CG
+        did not converge, with the advice to add damping.  ``rhs = 0`` gives 0.
+
+        Under ``jit`` no exception can be raised: pass ``return_info=True`` to get
+        ``(x, info)``, where ``info`` is a ``SolveInfo`` named tuple (``converged``,
+        ``status``: 0 converged, 1 ``maxiter`` reached, 2 not positive definite,
+        3 non-finite; ``iterations``, ``residual``, ``curvature``) to check.  With
+        status 2 or 3 ``x`` is NaN.  ``method="dense"`` reports ``converged=True``
+        (under ``jit`` a failed Cholesky gives NaN).
         """
+        params = as_float_point(params, "params")
+        rhs = as_float_point(rhs, "the right-hand side")
         check_same_structure(params, rhs, "the right-hand side", "params")
+        check_finite(params, "params")
         if method == "dense":
-            return solve_spd_dense(
+            x = solve_spd_dense(
                 self.with_damping(0.0).dense(params, max_size=max_size),
                 rhs,
                 damping=self.damping,
                 what=f"the {self.name} metric",
             )
+            return (x, _dense_info(x)) if return_info else x
         if method == "cg":
             return solve_spd_cg(
-                self.at(params), rhs, tol=tol, maxiter=maxiter, what=f"the {self.name} metric"
+                self.at(params),
+                rhs,
+                tol=tol,
+                maxiter=maxiter,
+                what=f"the {self.name} metric",
+                return_info=return_info,
             )
         raise GeometryError(f"Metric.solve: method must be 'cg' or 'dense', got {method!r}.")
 
     def check_positive_definite(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> None:
         """Raise :class:`GeometryError` unless the dense (damped) metric is symmetric positive definite."""
+        G = self.dense(params, max_size=max_size)
         check_spd(
-            self.dense(params, max_size=max_size),
-            f"the {self.name} metric" + (" + damping * I" if self.damping else ""),
+            G,
+            f"the {self.name} metric" + (" + damping * I" if is_concrete(self.damping) and not _zero(self.damping) else ""),
+            rtol=symmetry_rtol(G),
         )
 
 
-@functools.lru_cache(maxsize=256)
-def _dense_program(metric: Metric) -> Callable[[PyTree], jax.Array]:
-    """One compiled program per metric *value* (equal metrics, e.g. repeated ``with_damping`` copies, share it):
-    d products vectorised with vmap."""
+def _zero(damping: Any) -> bool:
+    return float(np.asarray(damping)) == 0.0
 
-    def build(params: PyTree) -> jax.Array:
-        flat, unravel = ravel(params)
-        basis = jnp.eye(flat.size, dtype=flat.dtype)
-        return jax.vmap(lambda e: ravel(metric.mv(params, unravel(e)))[0])(basis).T
 
-    return jax.jit(build)
+def _dense_info(x: PyTree) -> SolveInfo:
+    dtype = jnp.result_type(*jax.tree_util.tree_leaves(x))
+    zero = jnp.zeros((), dtype)
+    return SolveInfo(jnp.asarray(True), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), zero, zero)
+
+
+def _dense_matrix(metric: Metric, params: PyTree) -> jax.Array:
+    """The d x d matrix from d products vectorised with vmap (no cache: see :meth:`Metric.dense`)."""
+    flat, unravel = ravel(params)
+    basis = jnp.eye(flat.size, dtype=flat.dtype)
+    return jax.vmap(lambda e: ravel(metric.mv(params, unravel(e)))[0])(basis).T
 
 
 # ---------------------------------------------------------------------------
@@ -242,6 +299,9 @@ def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
     Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a positive-definite matrix field).
     Taught in chapter 2, *Pullback metrics*.
 
+    The matrix must be symmetric: an asymmetry above ``max(64 d, 1000)`` machine epsilons
+    (relative to its largest entry) raises :class:`GeometryError` when the values are concrete.
+
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -259,6 +319,8 @@ def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
                 f"dense metric: matrix_fn returned shape {jnp.shape(matrix)}, but the parameters have {size} "
                 f"coordinates, so a {size}x{size} matrix is needed."
             )
+        check_finite(matrix, "dense metric: matrix_fn(params)")
+        check_symmetric(matrix, "dense metric: matrix_fn(params)")
         flat_v, unravel = ravel(v)
         return unravel(matrix @ flat_v)
 
@@ -480,6 +542,11 @@ def _batch_size(z: Any, who: str) -> int:
     if not hasattr(z, "shape") or jnp.ndim(z) < 1:
         raise GeometryError(
             f"{who}: model_fn must return an array with a leading batch axis, got {type(z).__name__}."
+        )
+    if z.shape[0] == 0:
+        raise GeometryError(
+            f"{who}: the batch is empty (model_fn returned outputs of shape {tuple(z.shape)}); the metric of an "
+            "empty batch is undefined. Pass at least one example."
         )
     return z.shape[0]
 

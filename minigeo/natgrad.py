@@ -24,8 +24,16 @@ from typing import Any, Callable, NamedTuple, Union
 import jax
 import jax.numpy as jnp
 
-from ._checks import GeometryError, check_finite, check_same_structure, check_spd, check_square_matrix
-from ._linalg import solve_spd_cg, solve_spd_dense
+from ._checks import (
+    GeometryError,
+    as_float_point,
+    check_finite,
+    check_same_structure,
+    check_spd,
+    check_square_matrix,
+    symmetry_rtol,
+)
+from ._linalg import SolveInfo, check_damping, solve_spd_cg, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .metrics import Metric
 
@@ -87,7 +95,7 @@ def gram_matrix(
     z = param_map(xi)
     g = metric_fn(z)
     check_square_matrix(g, J.shape[0], "the metric on Z")
-    check_spd(g, "the metric on Z")
+    check_spd(g, "the metric on Z", rtol=symmetry_rtol(g))
     return J.T @ g @ J
 
 
@@ -183,13 +191,14 @@ def natural_gradient(
     params: PyTree,
     grad: PyTree,
     *,
-    damping: float = 0.0,
+    damping: Any = 0.0,
     solver: str = "cg",
     tol: float = 1e-6,
     maxiter: int | None = None,
     rcond: float | None = None,
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
-) -> PyTree:
+    return_info: bool = False,
+) -> PyTree | tuple[PyTree, SolveInfo]:
     r"""The (damped) natural gradient :math:`(G(\theta) + \lambda I)^{-1}\nabla L` for a :class:`~minigeo.Metric`.
 
     Parameters
@@ -199,7 +208,12 @@ def natural_gradient(
     params, grad
         The point and the gradient (pytrees of the same structure).
     damping
-        :math:`\lambda \ge 0`, added to any damping the metric already carries.
+        :math:`\lambda \ge 0`, **added** to the metric's own operator: the solve uses
+        ``metric.mv + λ I``, i.e. :math:`G + (\mu + \lambda) I` for a metric made with
+        ``with_damping(μ)``.  So for an undamped ``G``, ``natural_gradient(G, p, g, damping=λ)``
+        equals ``G.with_damping(λ).solve(p, g)``.  A Python number, NumPy scalar, 0-d
+        array or a traced value (e.g. a ``jit`` argument); negative or NaN values raise
+        :class:`~minigeo.GeometryError` when concrete.
     solver
         ``"cg"``: matrix-free conjugate gradients, for network-sized pytrees;
         ``"dense"``: Cholesky on the dense matrix; ``"pinv"``: the Moore-Penrose
@@ -209,13 +223,21 @@ def natural_gradient(
         CG relative tolerance and iteration limit.
     rcond
         Cut-off for ``"pinv"``.
+    return_info
+        If ``True``, return ``(direction, info)`` with a ``SolveInfo`` named tuple
+        (``converged``, ``status``, ``iterations``, ``residual``, ``curvature``; see
+        :meth:`~minigeo.Metric.solve`): the way to check a CG solve under ``jit``.  The
+        dense solvers report ``converged=True``.
 
     Raises
     ------
     GeometryError
-        If CG does not converge (typically a singular metric without damping) or
-        the dense matrix is not positive definite: the message suggests damping or
-        ``solver="pinv"``.
+        Eagerly: if CG does not converge (typically a singular metric without
+        damping), meets non-positive curvature (the metric is not positive definite),
+        or the dense matrix is not positive definite: the message suggests damping or
+        ``solver="pinv"``; also for non-finite parameters or gradients.  Under ``jit``
+        nothing can be raised: check ``info.converged`` (``return_info=True``); a metric
+        found not positive definite gives a NaN direction.
 
     References
     ----------
@@ -236,13 +258,25 @@ def natural_gradient(
             f"natural_gradient needs a minigeo Metric (e.g. mg.ggn(model, loss)); got {type(metric).__name__}. "
             "For a dense Gram matrix use natural_parameter_gradient(gram, grad)."
         )
+    try:
+        params = as_float_point(params, "params")
+        grad = as_float_point(grad, "the gradient")
+        check_damping(damping)
+    except GeometryError as err:
+        raise GeometryError(f"natural_gradient: {err}") from None
     check_same_structure(params, grad, "the gradient", "params")
+    check_finite(params, "params")
     check_finite(grad, "the gradient")
     damped = metric.with_damping(metric.damping + damping)
     if solver == "cg":
         try:
             return solve_spd_cg(
-                damped.at(params), grad, tol=tol, maxiter=maxiter, what=f"the {metric.name} metric"
+                damped.at(params),
+                grad,
+                tol=tol,
+                maxiter=maxiter,
+                what=f"the {metric.name} metric",
+                return_info=return_info,
             )
         except GeometryError as err:
             raise GeometryError(
@@ -251,12 +285,16 @@ def natural_gradient(
             ) from None
     check_dense_size(tree_size(params), max_size, f"The {metric.name} metric")
     if solver == "dense":
-        return solve_spd_dense(
-            damped.dense(params, max_size=max_size), grad, what=f"the {metric.name} metric"
-        )
-    if solver == "pinv":
-        return natural_parameter_gradient(damped.dense(params, max_size=max_size), grad, rcond=rcond)
-    raise GeometryError(f"natural_gradient: solver must be 'cg', 'dense' or 'pinv', got {solver!r}.")
+        x = solve_spd_dense(damped.dense(params, max_size=max_size), grad, what=f"the {metric.name} metric")
+    elif solver == "pinv":
+        x = natural_parameter_gradient(damped.dense(params, max_size=max_size), grad, rcond=rcond)
+    else:
+        raise GeometryError(f"natural_gradient: solver must be 'cg', 'dense' or 'pinv', got {solver!r}.")
+    if not return_info:
+        return x
+    dtype = jnp.result_type(*jax.tree_util.tree_leaves(x))
+    zero = jnp.zeros((), dtype)
+    return x, SolveInfo(jnp.asarray(True), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), zero, zero)
 
 
 class PreconditionState(NamedTuple):
@@ -265,7 +303,7 @@ class PreconditionState(NamedTuple):
 
 def precondition_by_metric(
     metric: Metric,
-    damping: float = 1e-3,
+    damping: Any = 1e-3,
     *,
     solver: str = "cg",
     tol: float = 1e-6,
@@ -275,8 +313,11 @@ def precondition_by_metric(
 
     Chain it with a learning rate to get natural-gradient descent:
     ``optax.chain(mg.precondition_by_metric(G, 1e-3), optax.sgd(0.1))``.
-    ``update`` needs ``params``.  Under ``jit`` the convergence check of CG
-    cannot run; check a step eagerly once when in doubt.
+    ``update`` needs ``params``.  ``damping`` is added to the metric's own damping,
+    as in :func:`natural_gradient`.  Under ``jit`` the convergence check of CG
+    cannot raise; a metric found not positive definite gives NaN updates, and a
+    solve that reaches ``maxiter`` gives its last iterate: check a step eagerly
+    once, or call :func:`natural_gradient` with ``return_info=True``.
 
     References
     ----------

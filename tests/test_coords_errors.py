@@ -184,3 +184,23 @@ def test_random_spd_helper_is_spd():
     np.testing.assert_allclose(G, G.T)
     eig = np.linalg.eigvalsh(G)
     np.testing.assert_allclose(eig.max() / eig.min(), 50.0, rtol=1e-8)
+
+
+def test_sharp_and_flat_refuse_indefinite_and_asymmetric():
+    indefinite = jnp.diag(jnp.array([3.0, -1.0]))
+    b = jnp.array([1.0, 0.1])  # x^T A x > 0 at the solution: the old post-hoc check returned a number
+    with pytest.raises(mg.GeometryError, match=r"not positive definite: add damping"):
+        mg.sharp(lambda u: indefinite @ u, b)
+    with pytest.raises(mg.GeometryError, match=r"indefinite.*damping"):
+        mg.sharp(indefinite, b)
+    asym = jnp.array([[1.0, 0.5], [0.0, 1.0]])
+    for call in (lambda: mg.flat(asym, b), lambda: mg.inner(asym, b, b), lambda: mg.sharp(asym, b)):
+        with pytest.raises(mg.GeometryError, match=r"not symmetric"):
+            call()
+    # a round-off asymmetry in float32 is accepted (tolerance relative to eps of the dtype)
+    r = rng(0).normal(size=(40, 40))
+    G32 = jnp.asarray(r @ r.T / 40 + np.eye(40), dtype=jnp.float32)
+    G32 = G32 + jnp.asarray(np.triu(np.full((40, 40), 2e-7)), dtype=jnp.float32) * G32.max()
+    assert mg.sharp(G32, jnp.ones(40, dtype=jnp.float32)).dtype == jnp.float32
+    # nested lists are matrices and vectors
+    np.testing.assert_allclose(mg.sharp([[2.0, 0.0], [0.0, 4.0]], [2.0, 4.0]), [1.0, 1.0])

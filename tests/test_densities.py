@@ -140,7 +140,7 @@ def test_geometry_aware_evidence_is_invariant():
     via_theta = mg.laplace_log_marginal_likelihood(L_psi, psi_star, reparametrization=phi)
     np.testing.assert_allclose(aware.log_z, ev_theta.log_z, rtol=1e-10)
     np.testing.assert_allclose(via_theta.log_z, ev_theta.log_z, rtol=1e-10)
-    np.testing.assert_allclose(naive.neg_log_joint, ev_theta.neg_log_joint, rtol=1e-12)
+    np.testing.assert_allclose(naive.neg_log_joint, ev_theta.neg_log_joint, rtol=1e-12, atol=1e-14)  # both ~0
     # the naive value is off by log |det J|
     _, logdet_J = np.linalg.slogdet(np.asarray(phi.jacobian(mu)))
     np.testing.assert_allclose(naive.log_z - ev_theta.log_z, logdet_J, rtol=1e-8)
@@ -210,3 +210,12 @@ def test_density_errors():
         mg.laplace_log_marginal_likelihood(lambda t: jnp.sum(jnp.log(t)), jnp.array([-1.0]))
     with pytest.raises(mg.GeometryError, match=r"num_probes"):
         mg.logdet_slq(lambda v: v, 3, jax.random.PRNGKey(0), num_probes=0)
+
+
+def test_weight_norm_zero_column_is_an_error():
+    """Before: a zero column gave eta = NaN silently."""
+    wn = mg.weight_norm("W")
+    with pytest.raises(mg.GeometryError, match=r"zero column.*units \[0\]"):
+        wn.split({"W": jnp.array([[0.0, 1.0], [0.0, 2.0]])})
+    with pytest.raises(mg.GeometryError, match=r"zero column"):
+        wn.merge({"W": {"r": jnp.ones(2), "eta": jnp.array([[1.0, 0.0], [1.0, 0.0]])}})

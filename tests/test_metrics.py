@@ -332,3 +332,120 @@ def test_metric_errors():
         mg.pullback(model, "euclidean")
     with pytest.raises(mg.GeometryError, match=r"non-finite"):
         mg.euclidean().solve(params, jax.tree_util.tree_map(lambda x: x * jnp.nan, params))
+
+
+# ---------------------------------------------------------------------------
+# no caching on user closures; one meaning of damping; silent failures
+# ---------------------------------------------------------------------------
+
+
+def test_dense_reads_current_state():
+    """Before the fix the lru_cache on the metric returned the stale matrix."""
+    state = {"scale": 1.0}
+    G = dense_metric(lambda p: state["scale"] * jnp.eye(2))
+    np.testing.assert_allclose(G.dense(jnp.zeros(2)), np.eye(2))
+    state["scale"] = 5.0
+    np.testing.assert_allclose(G.dense(jnp.zeros(2)), 5.0 * np.eye(2))
+
+
+def test_dense_does_not_keep_metrics_alive():
+    """A training loop making a metric per step must not grow memory: nothing keeps the closures alive."""
+    import gc
+    import weakref
+
+    refs = []
+    for step in range(20):
+        data = jnp.full((3,), float(step))
+        mv = lambda p, v, data=data: jax.tree_util.tree_map(lambda a: (1.0 + jnp.sum(data) ** 2) * a, v)
+        refs.append(weakref.ref(mv))
+        mg.Metric(mv, "per-step").dense(jnp.zeros(2))
+        del mv
+    gc.collect()
+    assert sum(r() is not None for r in refs) == 0
+
+
+DAMPINGS = [0.25, jnp.asarray(0.25), np.float32(0.25), np.float64(0.25)]
+
+
+@pytest.mark.parametrize("damping", DAMPINGS, ids=["float", "jax0d", "np.float32", "np.float64"])
+def test_damping_types_and_meaning(damping):
+    params, model, labels, _ = mlp_problem(21)
+    G = mg.ggn(model, cross_entropy(labels))
+    d = flatten(params).size
+    G_dense = np.asarray(G.dense(params))
+    np.testing.assert_allclose(G.with_damping(damping).dense(params), G_dense + 0.25 * np.eye(d), rtol=1e-6, atol=1e-7)
+    # with_damping replaces, it does not accumulate
+    assert float(G.with_damping(3.0).with_damping(damping).damping) == 0.25
+    # natural_gradient adds damping to the metric's own operator: equal to with_damping on an undamped G
+    g = random_tangent(params, 22)
+    a = mg.natural_gradient(G, params, g, damping=damping, tol=1e-12)
+    b = G.with_damping(damping).solve(params, g, tol=1e-12)
+    np.testing.assert_allclose(flatten(a), flatten(b), rtol=1e-7)
+    np.testing.assert_allclose(flatten(a), np.linalg.solve(G_dense + 0.25 * np.eye(d), flatten(g)), rtol=1e-6)
+    c = mg.natural_gradient(G.with_damping(0.5), params, g, damping=damping, solver="dense")
+    np.testing.assert_allclose(flatten(c), np.linalg.solve(G_dense + 0.75 * np.eye(d), flatten(g)), rtol=1e-8)
+    # traced damping under jit (no value check, no boolean conversion)
+    jitted = jax.jit(lambda lam: mg.natural_gradient(G, params, g, damping=lam, tol=1e-12))(jnp.asarray(damping))
+    np.testing.assert_allclose(flatten(jitted), flatten(a), rtol=1e-8)
+    jd = jax.jit(lambda lam: G.with_damping(lam).dense(params))(jnp.asarray(damping))
+    np.testing.assert_allclose(jd, G_dense + 0.25 * np.eye(d), rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("bad", [-0.1, jnp.asarray(-0.1), np.float32(-0.1), float("nan"), jnp.asarray(jnp.nan)])
+def test_negative_or_nan_damping_refused(bad):
+    G = mg.euclidean()
+    with pytest.raises(mg.GeometryError, match=r"damping must be >= 0"):
+        G.with_damping(bad)
+    with pytest.raises(mg.GeometryError, match=r"damping must be >= 0"):
+        mg.natural_gradient(G, jnp.ones(2), jnp.ones(2), damping=bad)
+    with pytest.raises(mg.GeometryError, match=r"damping must be >= 0"):
+        mg.sharp(jnp.eye(2), jnp.ones(2), damping=bad)
+
+
+def test_metric_silent_failures_are_errors():
+    with pytest.raises(mg.GeometryError, match=r"batch is empty"):  # was ZeroDivisionError
+        mg.fisher(lambda w: jnp.zeros((0, 2)) @ jnp.diag(w)).dense(jnp.ones(2))
+    with pytest.raises(mg.GeometryError, match=r"batch is empty"):
+        mg.empirical_fisher(lambda w: jnp.zeros((0, 2)) @ jnp.diag(w), lambda z: jnp.sum(z, -1)).mv(
+            jnp.ones(2), jnp.ones(2)
+        )
+    nonsym = dense_metric(lambda p: jnp.array([[1.0, 0.5], [0.0, 1.0]]))
+    for call in (
+        lambda: nonsym.mv(jnp.zeros(2), jnp.ones(2)),
+        lambda: nonsym.solve(jnp.zeros(2), jnp.ones(2)),
+        lambda: nonsym.solve(jnp.zeros(2), jnp.ones(2), method="dense"),
+    ):
+        with pytest.raises(mg.GeometryError, match=r"not symmetric: max \|G - G\^T\| = 0.5"):
+            call()
+    X = jnp.array([[1.0, 0.0], [1.0, 1.0], [0.5, 2.0]])
+    G = mg.ggn(lambda w: X @ w, lambda z: 0.5 * jnp.sum(z**2))
+    with pytest.raises(mg.GeometryError, match=r"dtype int.*floating point"):  # was TypeError from jvp
+        G.dense(jnp.array([1, 2]))
+    with pytest.raises(mg.GeometryError, match=r"empty"):
+        G.dense(jnp.zeros(0))
+    with pytest.raises(mg.GeometryError, match=r"params contains 1 non-finite"):
+        G.dense(jnp.array([jnp.nan, 1.0]))
+    with pytest.raises(mg.GeometryError, match=r"params contains 1 non-finite"):
+        G.solve(jnp.array([jnp.nan, 1.0]), jnp.ones(2))
+    # lists of numbers are converted (was TypeError: '@' with a list)
+    np.testing.assert_allclose(G.dense([1.0, 2.0]), X.T @ X, rtol=1e-12)
+    np.testing.assert_allclose(G.mv([1.0, 2.0], [1.0, 0.0]), X.T @ X[:, 0], rtol=1e-12)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_dense_and_solve_float32(dtype):
+    """Dense metric and both solvers in each dtype; float32 metrics built by products pass the symmetry check."""
+    params, model, labels, _ = mlp_problem(23)
+    p = jax.tree_util.tree_map(lambda x: x.astype(dtype), params)
+    G = mg.ggn(lambda q: model(q).astype(dtype), cross_entropy(labels)).with_damping(0.5)
+    Gd = np.asarray(G.dense(p), np.float64)
+    G64 = np.asarray(mg.ggn(model, cross_entropy(labels)).with_damping(0.5).dense(params))
+    eps = float(jnp.finfo(dtype).eps)
+    np.testing.assert_allclose(Gd, G64, atol=100 * eps * np.abs(G64).max())
+    rhs = jax.tree_util.tree_map(lambda x: x.astype(dtype), random_tangent(params, 24))
+    exact = np.linalg.solve(G64, np.asarray(flatten(rhs), np.float64))
+    cond = np.linalg.cond(G64)
+    for method in ("dense", "cg"):
+        x = G.solve(p, rhs, method=method, tol=10 * eps)
+        err = np.abs(np.asarray(flatten(x), np.float64) - exact).max() / np.abs(exact).max()
+        assert err < 100 * eps * cond, (method, err)

@@ -278,3 +278,26 @@ def test_natgrad_errors():
         mg.precondition_by_metric(G).update(grad, ())
     with pytest.raises(mg.GeometryError, match=r"max_size=3"):
         mg.gram_matrix(lambda xi: xi, None, jnp.ones(5), max_size=3)
+
+
+def test_natural_gradient_validates_inputs():
+    G = mg.ggn(lambda w: jnp.array([[1.0, 0.0], [1.0, 1.0]]) @ w, lambda z: 0.5 * jnp.sum(z**2))
+    with pytest.raises(mg.GeometryError, match=r"params contains 1 non-finite"):  # was a silent number
+        mg.natural_gradient(G, jnp.array([jnp.nan, 1.0]), jnp.ones(2), damping=1.0)
+    with pytest.raises(mg.GeometryError, match=r"empty"):
+        mg.natural_gradient(G, jnp.zeros(0), jnp.zeros(0))
+    with pytest.raises(mg.GeometryError, match=r"floating point"):
+        mg.natural_gradient(G, jnp.array([1, 2]), jnp.array([1, 0]))
+    np.testing.assert_allclose(  # lists are converted
+        mg.natural_gradient(G, [1.0, 2.0], [1.0, 0.0], tol=1e-12),
+        mg.natural_gradient(G, jnp.array([1.0, 2.0]), jnp.array([1.0, 0.0]), tol=1e-12),
+        rtol=1e-12,
+    )
+
+
+def test_precondition_by_metric_under_jit_traced_damping():
+    G = mg.metrics.diagonal(jnp.array([2.0, 4.0]))
+    step = jax.jit(
+        lambda lam, g: mg.precondition_by_metric(G, damping=lam).update(g, (), jnp.zeros(2))[0]
+    )
+    np.testing.assert_allclose(step(jnp.asarray(2.0), jnp.array([4.0, 6.0])), [1.0, 1.0], rtol=1e-10)
