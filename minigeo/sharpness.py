@@ -254,9 +254,9 @@ class SharpnessResult(NamedTuple):
     when the call asked for it (``return_perturbation=True``; at ViT-B/32 that is 88 M numbers per
     batch), else ``None``.
 
-    ``status`` is an int32 scalar: ``0`` (:data:`STATUS_OK`), ``1`` (:data:`STATUS_SINGULAR_PAIR`, a
+    ``status`` is an int32 scalar: ``0`` (``STATUS_OK``), ``1`` (``STATUS_SINGULAR_PAIR``, a
     GL(h) pair is numerically rank deficient at its dtype, so metric (15) is undefined there) or
-    ``2`` (:data:`STATUS_NON_FINITE`, the loss or its gradient was NaN/inf at the base point or
+    ``2`` (``STATUS_NON_FINITE``, the loss or its gradient was NaN/inf at the base point or
     during the search).  Called eagerly, :func:`adaptive_sharpness` and :func:`geodesic_sharpness`
     raise :class:`GeometryError` instead of returning a bad status; under ``jax.jit`` they cannot
     raise, so check ``result.status`` (or ``result.ok``) yourself.

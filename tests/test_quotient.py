@@ -329,6 +329,13 @@ def test_jitted_frame_reports_rank_instead_of_raising():
     f = jax.jit(pair_frame)(G, H)
     assert not bool(f.ok)
     assert bool(jax.jit(pair_frame)(G + jnp.eye(4, 2), H).ok)
+    # the public functions cannot raise under jit: NaN for the rank-deficient head, never a number
+    Gb = jnp.stack([G, G + jnp.eye(4, 2)])
+    Hb = jnp.stack([H, H])
+    out = jax.jit(mg.horizontal_projection)((Gb, Hb), (Gb, Hb))
+    assert np.isnan(np.asarray(out[0][0])).all() and np.isfinite(np.asarray(out[0][1])).all()
+    assert np.isnan(float(jax.jit(mg.gl_metric)((Gb, Hb), (Gb, Hb), (Gb, Hb))))
+    assert np.isnan(np.asarray(jax.jit(mg.christoffel_quadratic)((Gb, Hb), (Gb, Hb))[1][0])).all()
 
 
 def test_quotient_products_run_at_highest_precision():
