@@ -190,11 +190,17 @@ def _frame_one(G: jax.Array, H: jax.Array, eps):
                 ok_G & ok_H, jnp.maximum(cond_G, cond_H))
 
 
-def pair_frame(G: jax.Array, H: jax.Array, eps=0.0) -> PairFrame:
-    """Factor metric (15) at ``(G, H)`` from thin SVDs of the sides (see :class:`PairFrame`); batched over heads."""
-    _check_eps(eps)
-    eps = jnp.asarray(eps, G.dtype)
+@jax.jit
+def _pair_frame(G: jax.Array, H: jax.Array, eps: jax.Array) -> PairFrame:
     return PairFrame(G, H, *_map_matrices(lambda g, hh: _frame_one(g, hh, eps), G, H))
+
+
+def pair_frame(G: jax.Array, H: jax.Array, eps=0.0) -> PairFrame:
+    """Factor metric (15) at ``(G, H)`` from thin SVDs of the sides (see :class:`PairFrame`); batched over heads.
+
+    Compiled once per shape and dtype, so eager calls in a loop cost no more than the factorization."""
+    _check_eps(eps)
+    return _pair_frame(G, H, jnp.asarray(eps, G.dtype))
 
 
 def _raise_if_singular(f: PairFrame, who: str) -> None:

@@ -299,12 +299,21 @@ def test_time_limit_off_the_main_thread():
     # the SIGALRM timer only works on the main thread; elsewhere a watchdog thread is used
     import threading
 
+    # off the main thread the runaway function keeps running after the watchdog gives up: loop
+    # until this test says stop, so that no busy thread holds the GIL for the rest of the session
+    stop = threading.Event()
+
+    def loop_until_stopped(*args):
+        while not stop.is_set():
+            pass
+
     out = {}
     worker = threading.Thread(
-        target=lambda: out.update(r=A.check_invariant_trace(_loop_forever, time_limit=0.5))
+        target=lambda: out.update(r=A.check_invariant_trace(loop_until_stopped, time_limit=0.5))
     )
     worker.start()
     worker.join(30)
+    stop.set()
     assert not worker.is_alive()
     assert not out["r"].passed and "timed out after 0.5 s" in out["r"].message
     ok = {}
