@@ -173,11 +173,11 @@ def _side_factors(M: jax.Array, eps):
     U, s, Vt = jnp.linalg.svd(Rm)
     r = jnp.sqrt(s * s + eps)  # singular values of P^{1/2}
     V = Vt.T
-    c = s / jnp.where(r > 0, r, 1.0)
+    r_safe = jnp.where(r > 0, r, 1.0)
+    c = s / r_safe
     cutoff = singular_value_cutoff(n, h, M.dtype) * jnp.max(s)
     ok = jnp.all(jnp.isfinite(s)) & (jnp.min(r) > cutoff) & (jnp.min(r) > 0)
     cond = jnp.max(r) / jnp.maximum(jnp.min(r), jnp.finfo(M.dtype).tiny)
-    r_safe = jnp.where(r > 0, r, 1.0)
     return Qm @ ((U * c) @ Vt), (V * r) @ Vt, (V / r_safe) @ Vt, (V * (c * c)) @ Vt, ok, cond
 
 

@@ -638,7 +638,9 @@ def _auto_pgd(loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, mome
             tmap(lambda x, zz, xp: x + mom * (zz - x) + (1 - mom) * (x - xp), s["x"], z, s["x_prev"])
         )
         f_new, g_new = value_and_riemannian_grad(x_new)
-        finite = s["finite"] & jnp.isfinite(f_new) & jnp.all(jnp.stack([jnp.all(jnp.isfinite(g)) for g in g_new]))
+        # a non-finite gradient makes the next iterate, hence its value, non-finite: checking the
+        # value suffices (no extra pass over every parameter's gradient per iteration)
+        finite = s["finite"] & jnp.isfinite(f_new)
         succ = s["succ"] + ((f_new > s["f"]) & ~start).astype(jnp.int32)
         better = (f_new > s["best_f"]) | start
         best_x = where(better, x_new, s["best_x"])
