@@ -12,7 +12,11 @@ resulting DOM.  The check fails unless, on every page:
   the visible text;
 * every figure the notebook produced is an ``<img>`` whose file exists, and the
   number of figures matches the number of image outputs in the notebook;
-* pages whose notebook has an ipywidget render it (the widget manager ran).
+* pages whose notebook has an ipywidget render it (the widget manager ran);
+* no JavaScript error is raised while the page loads and runs (a probe copy of the page records
+  ``error`` and ``unhandledrejection`` events);
+* on pages with exercises, every solution is collapsed (sphinx-exercise dropdown, toggled by
+  sphinx-togglebutton) and clicking the first one's toggle button opens it.
 
 A screenshot of each page is written to ``_build/smoke/`` for a human to look at.
 
@@ -126,6 +130,63 @@ def visible_text(soup: BeautifulSoup) -> str:
     return soup.get_text(" ")
 
 
+PROBE_HEAD = """<script>window.__probeErrors = [];
+window.addEventListener("error", function (e) {
+  if (e instanceof ErrorEvent) { window.__probeErrors.push(String(e.message)); }
+}, true);
+window.addEventListener("unhandledrejection", function (e) {
+  window.__probeErrors.push("unhandled promise rejection: " + String(e.reason));
+});</script>"""
+PROBE_BODY = """<script>window.addEventListener("load", function () {
+  setTimeout(function () {
+    var sols = Array.prototype.slice.call(document.querySelectorAll("div.solution"));
+    var r = {solutions: sols.length,
+             collapsed: sols.filter(function (s) { return s.classList.contains("toggle-hidden"); }).length,
+             opened: null};
+    var button = sols.length ? sols[0].querySelector("button.toggle-button") : null;
+    if (button) { button.click(); r.opened = !sols[0].classList.contains("toggle-hidden"); }
+    r.errors = window.__probeErrors;
+    var out = document.createElement("pre");
+    out.id = "__probe__";
+    out.textContent = JSON.stringify(r);
+    document.body.appendChild(out);
+  }, 3000);
+});</script>"""
+
+
+def probe_page(browser: str, html: Path, page: str, profile: str) -> list[str]:
+    """Load a copy of the page with error listeners and a click on the first solution toggle."""
+    text = html.read_text()
+    probe = html.with_name(f"{html.stem}.__probe__.html")
+    probe.write_text(
+        text.replace("<head>", "<head>" + PROBE_HEAD, 1).replace("</body>", PROBE_BODY + "</body>", 1)
+    )
+    try:
+        dom = chromium(browser, ["--dump-dom", probe.resolve().as_uri()], profile)
+    finally:
+        probe.unlink()
+    found = BeautifulSoup(dom.stdout, "html.parser").find(id="__probe__")
+    if found is None:
+        return [f"{page}: the probe script did not run (page load never finished?)"]
+    result = json.loads(found.get_text())
+    problems = [f"{page}: JavaScript error: {e}" for e in result["errors"]]
+    if solutions_in_source(page):
+        if result["solutions"] == 0:
+            problems.append(f"{page}: the source has solutions but the page rendered none")
+        elif result["collapsed"] != result["solutions"]:
+            problems.append(
+                f"{page}: {result['solutions'] - result['collapsed']} solution(s) are not collapsed"
+            )
+        elif result["opened"] is not True:
+            problems.append(f"{page}: clicking the first solution's toggle did not open it")
+    return problems
+
+
+def solutions_in_source(page: str) -> bool:
+    path = ROOT / f"{page}.ipynb"
+    return path.exists() and "{solution-start}" in path.read_text()
+
+
 def check_page(browser: str, html_dir: Path, page: str, shots: Path, profile: str) -> list[str]:
     problems: list[str] = []
     html = html_dir / f"{page}.html"
@@ -169,6 +230,8 @@ def check_page(browser: str, html_dir: Path, page: str, shots: Path, profile: st
     if has_widget and not soup.select(".jupyter-widgets, .widget-container, .widget-inline-hbox"):
         problems.append(f"{page}: the notebook displays an ipywidget but the page rendered none")
 
+    problems += probe_page(browser, html, page, profile)
+
     shot = shots / (page.replace("/", "__") + ".png")
     chromium(browser, [f"--screenshot={shot}", "--window-size=1280,2400", url], profile)
     if not shot.exists() or shot.stat().st_size < 10_000:
@@ -177,6 +240,7 @@ def check_page(browser: str, html_dir: Path, page: str, shots: Path, profile: st
     print(
         f"[{status}] {page}: {len(soup.find_all('mjx-container'))} math, {len(figures)} figures"
         + (", widget" if has_widget else "")
+        + (", solutions collapsed and toggle opens" if solutions_in_source(page) and not problems else "")
     )
     return problems
 

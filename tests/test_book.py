@@ -94,8 +94,55 @@ def test_notebook_has_size_knob_and_exercises(nb):
     text = nb.read_text()
     assert 'SIZE = \\"cpu\\"' in text, f'{nb.name}: needs the SIZE = "cpu" knob next to the setup cell'
     assert "## Exercises" in text
-    hidden = [c for c in code_cells(nb) if "hide-input" in c.get("metadata", {}).get("tags", [])]
-    assert hidden, f"{nb.name}: exercises need solutions in hide-input cells"
+
+
+EXERCISE = re.compile(r"```\{exercise-start\}[^\n]*\n:label: (\S+)")
+SOLUTION = re.compile(r"```\{solution-start\} (\S+)\n((?::\w+:[^\n]*\n)*)```")
+
+
+def markdown_sources(path: Path) -> list[str]:
+    return ["".join(c["source"]) for c in json.loads(path.read_text())["cells"] if c["cell_type"] == "markdown"]
+
+
+@pytest.mark.parametrize("nb", CHAPTERS, ids=lambda p: p.name)
+def test_exercises_use_sphinx_exercise_with_collapsed_solutions(nb):
+    """Every chapter has >= 2 labelled exercises (sphinx-exercise), each with a solution that is a
+    collapsed dropdown and contains at least one code cell; no solution relies on hide-input (which
+    would still show the printed answer)."""
+    cells = json.loads(nb.read_text())["cells"]
+    markdown = "\n".join(markdown_sources(nb))
+    exercises = EXERCISE.findall(markdown)
+    assert len(exercises) >= 2, f"{nb.name}: needs at least two sphinx-exercise exercises"
+    assert all(label.startswith(f"ch{int(nb.name[:2])}-ex-") for label in exercises), exercises
+    solutions = {label: options for label, options in SOLUTION.findall(markdown)}
+    for label in exercises:
+        assert label in solutions, f"{nb.name}: exercise {label} has no solution"
+        assert ":class: dropdown" in solutions[label], f"{nb.name}: solution to {label} is not collapsed"
+    # gated directives balance, and every solution holds a code cell that runs on minigeo
+    depth, code_in_solution, n_solutions = 0, 0, 0
+    for c in cells:
+        src = "".join(c["source"])
+        if c["cell_type"] == "markdown":
+            opens, closes = src.count("{solution-start}"), src.count("{solution-end}")
+            if closes:
+                assert depth == 1, f"{nb.name}: unbalanced solution-start/solution-end"
+                assert code_in_solution, f"{nb.name}: a solution has no code cell"
+                depth -= closes
+            if opens:
+                assert depth == 0, f"{nb.name}: nested solution-start"
+                depth, code_in_solution, n_solutions = depth + opens, 0, n_solutions + 1
+        elif depth:
+            code_in_solution += 1
+            assert "hide-input" not in c.get("metadata", {}).get("tags", []), (
+                f"{nb.name}: solution cells are collapsed by the dropdown; drop hide-input"
+            )
+    assert depth == 0, f"{nb.name}: a solution-start is never closed"
+    assert n_solutions == len(solutions), f"{nb.name}: duplicate solution labels"
+
+
+def test_exercise_labels_are_unique_book_wide():
+    labels = [lab for nb in CHAPTERS for lab in EXERCISE.findall("\n".join(markdown_sources(nb)))]
+    assert len(labels) == len(set(labels)), "duplicate exercise labels across chapters"
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
