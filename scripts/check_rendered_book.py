@@ -15,6 +15,7 @@ resulting DOM.  The check fails unless, on every page:
 * pages whose notebook has an ipywidget render it (the widget manager ran);
 * no JavaScript error is raised while the page loads and runs (a probe copy of the page records
   ``error`` and ``unhandledrejection`` events);
+* the execution-status page lists every notebook of the book, each executed without error;
 * on pages with exercises, every solution is collapsed (sphinx-exercise dropdown, toggled by
   sphinx-togglebutton) and clicking the first one's toggle button opens it.
 
@@ -182,6 +183,22 @@ def probe_page(browser: str, html: Path, page: str, profile: str) -> list[str]:
     return problems
 
 
+def check_status_table(soup: BeautifulSoup, page: str) -> list[str]:
+    """The nb-exec-table has one row per notebook in the TOC, each with a passing status."""
+    notebooks = {p.split("/")[-1] for p in toc_pages() if (ROOT / f"{p}.ipynb").exists()}
+    table = soup.find("table")
+    if table is None:
+        return [f"{page}: no execution-status table"]
+    rows = {}
+    for tr in table.find_all("tr")[1:]:
+        cells = [td.get_text(" ", strip=True) for td in tr.find_all("td")]
+        if cells:
+            rows[cells[0].split("/")[-1]] = cells[-1]
+    problems = [f"{page}: {nb} is missing from the status table" for nb in sorted(notebooks - set(rows))]
+    problems += [f"{page}: {nb} did not pass ({status!r})" for nb, status in rows.items() if "✅" not in status]
+    return problems
+
+
 def solutions_in_source(page: str) -> bool:
     path = ROOT / f"{page}.ipynb"
     return path.exists() and "{solution-start}" in path.read_text()
@@ -231,6 +248,8 @@ def check_page(browser: str, html_dir: Path, page: str, shots: Path, profile: st
         problems.append(f"{page}: the notebook displays an ipywidget but the page rendered none")
 
     problems += probe_page(browser, html, page, profile)
+    if page == "book/status":
+        problems += check_status_table(soup, page)
 
     shot = shots / (page.replace("/", "__") + ".png")
     chromium(browser, [f"--screenshot={shot}", "--window-size=1280,2400", url], profile)

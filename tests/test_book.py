@@ -154,3 +154,14 @@ def test_notebook_uses_only_public_minigeo_names(nb):
     used = set(re.findall(r"\bmg\.([A-Za-z_]\w*)", source))
     assert used <= public, f"{nb.name}: uses non-public names {sorted(used - public)}"
     assert not re.search(r"minigeo\._", source), f"{nb.name}: imports a private minigeo module"
+
+
+def test_cite_page_names_every_chapter_and_status_page_is_listed():
+    cite = (ROOT / "book" / "cite.md").read_text()
+    for nb in CHAPTERS:
+        heading = json.loads(nb.read_text())["cells"][0]["source"][0].lstrip("# ").strip()
+        title = re.sub(r"^\d+\.\s*", "", heading).lower()
+        assert re.search(rf"\| {int(nb.name[:2])} \| {re.escape(title)} \|", cite.lower()), (
+            f"cite.md has no BibTeX title row for {nb.name} ({title!r})"
+        )
+    assert "book/status" in toc_files() and "{nb-exec-table}" in (ROOT / "book" / "status.md").read_text()
