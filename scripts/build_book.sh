@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up the environment and build the book, executing every notebook.
-# Fails on any Sphinx warning (-W -n) and on any failing or timed-out cell.
+# Fails on any Sphinx warning (-W -n) and on any failing or timed-out cell. Then prints the
+# whole book to _build/html/geometry-of-parameter-spaces.pdf (offline, headless chromium).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -8,4 +9,6 @@ export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu
 rm -rf _build
 jupyter-book build . -W -n --keep-going
 test -f _build/html/index.html || { echo "build_book: _build/html/index.html missing"; exit 1; }
+bash scripts/install_chromium.sh
+python scripts/build_pdf.py
 echo "build_book: open _build/html/index.html"

@@ -15,6 +15,8 @@ resulting DOM.  The check fails unless, on every page:
 * pages whose notebook has an ipywidget render it (the widget manager ran);
 * no JavaScript error is raised while the page loads and runs (a probe copy of the page records
   ``error`` and ``unhandledrejection`` events);
+* the intro page links the PDF of the book (``scripts/build_pdf.py``), which exists and has a
+  page for every page of the table of contents;
 * the execution-status page lists every notebook of the book, each executed without error;
 * on pages with exercises, every solution is collapsed (sphinx-exercise dropdown, toggled by
   sphinx-togglebutton) and clicking the first one's toggle button opens it.
@@ -183,6 +185,22 @@ def probe_page(browser: str, html: Path, page: str, profile: str) -> list[str]:
     return problems
 
 
+def check_pdf_link(soup: BeautifulSoup, html: Path, page: str) -> list[str]:
+    from pypdf import PdfReader
+
+    links = [a["href"] for a in soup.find_all("a", href=True) if a["href"].split("#")[0].endswith(".pdf")]
+    if not links:
+        return [f"{page}: no link to the PDF of the book"]
+    pdf = local_target(html, links[0])
+    if not pdf.exists():
+        return [f"{page}: the PDF link {links[0]} points at a missing file (run scripts/build_pdf.py)"]
+    n_pages = len(PdfReader(pdf).pages)
+    if n_pages < len(toc_pages()):
+        return [f"{page}: the PDF has {n_pages} pages for {len(toc_pages())} pages of the book"]
+    print(f"  PDF: {pdf.name}, {n_pages} pages")
+    return []
+
+
 def check_status_table(soup: BeautifulSoup, page: str) -> list[str]:
     """The nb-exec-table has one row per notebook in the TOC, each with a passing status."""
     notebooks = {p.split("/")[-1] for p in toc_pages() if (ROOT / f"{p}.ipynb").exists()}
@@ -250,6 +268,8 @@ def check_page(browser: str, html_dir: Path, page: str, shots: Path, profile: st
     problems += probe_page(browser, html, page, profile)
     if page == "book/status":
         problems += check_status_table(soup, page)
+    if page == toc_pages()[0]:
+        problems += check_pdf_link(soup, html, page)
 
     shot = shots / (page.replace("/", "__") + ".png")
     chromium(browser, [f"--screenshot={shot}", "--window-size=1280,2400", url], profile)

@@ -3,7 +3,7 @@
 #   1. minigeo unit tests (float64, tests/)
 #   2. the executed examples in minigeo's docstrings (doctest)
 #   3. nbval over every chapter notebook (re-executes them, compares tagged outputs)
-#   4. the book build with -W -n (any Sphinx warning or failing cell fails)
+#   4. the book build with -W -n (any Sphinx warning or failing cell fails), and its PDF
 #   5. a headless-browser smoke check of the rendered pages (offline)
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -12,12 +12,7 @@ bash scripts/setup.sh
 .venv/bin/python -m pip install --quiet -r requirements-parity.txt
 export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_REQUIRE_TIMM=1
 
-if ! command -v chromium >/dev/null 2>&1; then
-  echo "test: installing Debian's chromium for the rendered-book check"
-  SUDO=""; [ "$(id -u)" -ne 0 ] && SUDO="sudo"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq chromium >/dev/null
-fi
+bash scripts/install_chromium.sh
 
 echo "== 1/5 unit tests"
 python -m pytest tests
@@ -25,10 +20,11 @@ echo "== 2/5 docstring examples"
 python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider
 echo "== 3/5 notebooks (nbval)"
 python -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book/ -p no:cacheprovider
-echo "== 4/5 book build (-W -n)"
+echo "== 4/5 book build (-W -n) and PDF"
 rm -rf _build
 jupyter-book build . -W -n --keep-going
 test -f _build/html/index.html
+python scripts/build_pdf.py
 echo "== 5/5 rendered book in a headless browser"
 python scripts/check_rendered_book.py
 echo "test: all checks passed"
