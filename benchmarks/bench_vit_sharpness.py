@@ -8,12 +8,12 @@ in the quotient geometry (the perturbed point of eq. (7) and the projected Riema
 every head and layer, given the loss gradient) and in its Sylvester solves alone, the one-off
 factorization of metric (15) (thin SVDs of every pair side, once per evaluation for all batches),
 the time of whole evaluations (``--batches`` batches of ``--iters`` iterations each, the ratio that
-matters to a user; target <= 1.15 on a GPU at paper 004's 8 x 256), and the peak memory (GPU: the device's peak bytes in use; CPU: the
+matters to a user; target <= 1.15 on a GPU at da Silva et al.'s (2025) 8 x 256), and the peak memory (GPU: the device's peak bytes in use; CPU: the
 process's peak resident set).  Target: ratio <= 1.2 at ViT-B/32 shape.
 
 Usage:
   python benchmarks/bench_vit_sharpness.py --model b32 --batch 2                # CPU (about 7 minutes)
-  python benchmarks/bench_vit_sharpness.py --model b32 --batch 256 --iters 5    # GPU, paper 004's batch
+  python benchmarks/bench_vit_sharpness.py --model b32 --batch 256 --iters 5    # GPU, da Silva et al.'s (2025) batch
   python benchmarks/bench_vit_sharpness.py --model small --batch 128 --iters 10
 """
 

@@ -3,7 +3,7 @@ r"""Coordinates, reparametrizations and the transformation rules (floor 2, chapt
 A reparametrization (change of coordinates) is a diffeomorphism
 :math:`\varphi: \Theta \to \Psi`, :math:`\psi = \varphi(\theta)`, with Jacobian
 :math:`J(\theta) = \partial\psi/\partial\theta`.  Geometric objects keep their
-meaning across coordinates only if they follow the rules of paper 000, Sec. 2.2
+meaning across coordinates only if they follow the rules of Kristiadi et al. 2023, Sec. 2.2
 (Kristiadi, Dangel & Hennig 2023):
 
 =====================  ==================================  =========================
@@ -99,7 +99,7 @@ class Reparametrization:
     Notes
     -----
     The Jacobian :math:`J(\theta) = \partial\psi/\partial\theta` must be
-    invertible on the domain; paper 000, Sec. 2.2 calls such a map a
+    invertible on the domain; Kristiadi et al. 2023, Sec. 2.2 calls such a map a
     reparametrization.  Points and objects may be 1-D arrays or pytrees; the
     output of ``forward`` may have a different pytree structure from its input.
 
@@ -312,10 +312,10 @@ def _singular_hint(phi: Reparametrization) -> str:
 
 
 # ---------------------------------------------------------------------------
-# transformation rules (paper 000, Sec. 2.2)
+# transformation rules (Kristiadi et al. 2023, Sec. 2.2)
 # ---------------------------------------------------------------------------
 def transform_function(phi: Reparametrization, h: Callable[[PyTree], Any]) -> Callable[[PyTree], Any]:
-    r"""A function in ψ-coordinates: :math:`\hat h = h \circ \varphi^{-1}` (paper 000, rule (a)).
+    r"""A function in ψ-coordinates: :math:`\hat h = h \circ \varphi^{-1}` (Kristiadi et al. 2023, rule (a)).
 
     Unlike the other rules this needs no point: it returns the transformed
     function itself, whose value at :math:`\psi = \varphi(\theta)` is
@@ -338,7 +338,7 @@ def transform_function(phi: Reparametrization, h: Callable[[PyTree], Any]) -> Ca
 
 
 def transform_vector(phi: Reparametrization, theta: PyTree, v: PyTree) -> PyTree:
-    r"""Push a tangent vector forward: :math:`\hat v = J(\theta)\, v` (paper 000, rule (b)).
+    r"""Push a tangent vector forward: :math:`\hat v = J(\theta)\, v` (Kristiadi et al. 2023, rule (b)).
 
     Computed by one ``jax.jvp`` through :math:`\varphi`; the result has the
     structure of :math:`\psi = \varphi(\theta)`.
@@ -368,7 +368,7 @@ def transform_vector(phi: Reparametrization, theta: PyTree, v: PyTree) -> PyTree
 
 
 def transform_covector(phi: Reparametrization, theta: PyTree, omega: PyTree) -> PyTree:
-    r"""Pull a covector back to ψ-coordinates: :math:`\hat\omega = J^{-\top}\omega` (paper 000, rule (c)).
+    r"""Pull a covector back to ψ-coordinates: :math:`\hat\omega = J^{-\top}\omega` (Kristiadi et al. 2023, rule (c)).
 
     :math:`J^{-1}(\psi)` is the Jacobian of :math:`\varphi^{-1}`, so this is one
     ``jax.vjp`` through the inverse map, with no matrix inverse.  For a gradient
@@ -417,7 +417,7 @@ def _transform_two_form(phi: Reparametrization, theta: PyTree, form: MetricLike,
 
 
 def transform_metric(phi: Reparametrization, theta: PyTree, G: MetricLike) -> MetricLike:
-    r"""Transform a metric: :math:`\hat G = J^{-\top} G\, J^{-1}` (paper 000, rule (d)).
+    r"""Transform a metric: :math:`\hat G = J^{-\top} G\, J^{-1}` (Kristiadi et al. 2023, rule (d)).
 
     Parameters
     ----------
@@ -457,7 +457,7 @@ def transform_bilinear(phi: Reparametrization, theta: PyTree, B: MetricLike) -> 
     r"""Transform a bilinear form (e.g. a Hessian at a critical point): :math:`\hat B = J^{-\top} B J^{-1}`.
 
     Same rule as :func:`transform_metric` but with no positive-definiteness
-    requirement (paper 000, Sec. 2.2 (d) and Sec. 3.1).
+    requirement (Kristiadi et al. 2023, Sec. 2.2 (d) and Sec. 3.1).
 
     References
     ----------
@@ -475,7 +475,7 @@ def transform_bilinear(phi: Reparametrization, theta: PyTree, B: MetricLike) -> 
 
 
 def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike) -> MetricLike:
-    r"""Transform a (1,1)-tensor such as :math:`E = G^{-1}H`: :math:`\hat E = J E J^{-1}` (paper 000, eq. 6).
+    r"""Transform a (1,1)-tensor such as :math:`E = G^{-1}H`: :math:`\hat E = J E J^{-1}` (Kristiadi et al. 2023, eq. 6).
 
     Its trace, determinant and eigenvalues are invariant.
 
@@ -674,7 +674,7 @@ def sharp(
     r"""Raise an index, :math:`\omega^\sharp = (G + \lambda I)^{-1}\omega`: the vector dual to a covector.
 
     Applied to the differential :math:`\nabla L` this gives the Riemannian
-    gradient :math:`G^{-1}\nabla L` (paper 000, Sec. 2.2; paper 003,
+    gradient :math:`G^{-1}\nabla L` (Kristiadi et al. 2023, Sec. 2.2; Grosse 2022,
     "musical isomorphism").
 
     Parameters

@@ -5,9 +5,9 @@ metric, :math:`\hat H = J^{-\top} H J^{-1}`, so its trace, determinant and
 eigenvalues change under reparametrization (Dinh et al. 2017).  With a metric
 :math:`G`, the **Hessian endomorphism** :math:`E = G^{-1}H` (the shape operator)
 transforms as :math:`J E J^{-1}`, and its trace, determinant and eigenvalues are
-invariant (paper 000, Sec. 3.1, App. A.2-A.3).  Away from critical points the
+invariant (Kristiadi et al. 2023, Sec. 3.1, App. A.2-A.3).  Away from critical points the
 Hessian must include the Christoffel term of the Levi-Civita connection,
-:math:`H_{ij} = \partial_i\partial_j f - \Gamma^k_{ij}\partial_k f` (paper 000, eq. 5;
+:math:`H_{ij} = \partial_i\partial_j f - \Gamma^k_{ij}\partial_k f` (Kristiadi et al. 2023, eq. 5;
 blog post 001).
 
 Dense routines work on 1-D coordinate arrays (small models); the matrix-free
@@ -154,7 +154,7 @@ def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Arra
 
 
 def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn, x: jax.Array) -> jax.Array:
-    r"""The Riemannian Hessian as a bilinear form, :math:`H_{ij} = \partial_i\partial_j f - \Gamma^k_{ij}\,\partial_k f` (paper 000, eq. 5).
+    r"""The Riemannian Hessian as a bilinear form, :math:`H_{ij} = \partial_i\partial_j f - \Gamma^k_{ij}\,\partial_k f` (Kristiadi et al. 2023, eq. 5).
 
     It transforms exactly like a metric, :math:`J^{-\top}HJ^{-1}`, at every point,
     not only at critical points.  ``metric_fn=None`` is the Euclidean metric of
@@ -183,7 +183,7 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn,
 
 
 def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn, x: jax.Array) -> jax.Array:
-    r"""The Hessian endomorphism (shape operator) :math:`E = G^{-1}H` with the Riemannian Hessian :math:`H` (paper 000, Sec. 3.1).
+    r"""The Hessian endomorphism (shape operator) :math:`E = G^{-1}H` with the Riemannian Hessian :math:`H` (Kristiadi et al. 2023, Sec. 3.1).
 
     Transforms as :math:`J E J^{-1}`; its trace, determinant and eigenvalues are
     invariant.  Computed by a Cholesky solve, never an explicit inverse.  For its
@@ -242,7 +242,7 @@ def endomorphism_eigenvalues(H: jax.Array, G: jax.Array) -> jax.Array:
 
 
 def endomorphism_trace(H: jax.Array, G: jax.Array) -> jax.Array:
-    r"""The invariant trace :math:`\mathrm{tr}(G^{-1}H)` (the Riemannian trace, paper 000 eq. 18).
+    r"""The invariant trace :math:`\mathrm{tr}(G^{-1}H)` (the Riemannian trace, Kristiadi et al. 2023 eq. 18).
 
     References
     ----------

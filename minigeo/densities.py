@@ -2,7 +2,7 @@ r"""Densities, volume forms and the Laplace evidence (floor 4, chapter 5).
 
 A density :math:`q(\theta)` with respect to the Lebesgue measure transforms under
 :math:`\psi = \varphi(\theta)` with a Jacobian determinant,
-:math:`q_\Psi(\psi) = q(\varphi^{-1}(\psi))\,|\det J^{-1}(\psi)|` (paper 000, eq. 10), so its
+:math:`q_\Psi(\psi) = q(\varphi^{-1}(\psi))\,|\det J^{-1}(\psi)|` (Kristiadi et al. 2023, eq. 10), so its
 modes move (MAP is not equivariant).  With a metric :math:`G`, the density with
 respect to the Riemannian volume form :math:`dV_G = |\det G|^{1/2} d\theta` is
 :math:`q^G = q\,|\det G|^{-1/2}` (eq. 11); it transforms as a plain function and
@@ -14,7 +14,7 @@ negative log joint :math:`\mathcal L` is
 
 .. math:: \log Z \approx -\mathcal L(\theta^*) + \tfrac d2 \log 2\pi - \tfrac12\log\det H(\theta^*).
 
-(Paper 000 prints it as ``-L + log p - d/2 log 2π + 1/2 log det H`` in eq. 14 and
+(Kristiadi et al. 2023 prints it as ``-L + log p - d/2 log 2π + 1/2 log det H`` in eq. 14 and
 ``-L - d/2 log 2π + log det H`` in App. B.2; both signs are off: the Gaussian
 integral :math:`\int e^{-\frac12 u^\top H u}du = (2\pi)^{d/2}\det H^{-1/2}`.)
 """
@@ -49,7 +49,7 @@ __all__ = [
 def transform_log_density(
     log_q: Callable[[PyTree], jax.Array], phi: Reparametrization
 ) -> Callable[[PyTree], jax.Array]:
-    r"""The Lebesgue change of variables: :math:`\log q_\Psi(\psi) = \log q(\varphi^{-1}(\psi)) + \log|\det J^{-1}(\psi)|` (paper 000, eq. 10).
+    r"""The Lebesgue change of variables: :math:`\log q_\Psi(\psi) = \log q(\varphi^{-1}(\psi)) + \log|\det J^{-1}(\psi)|` (Kristiadi et al. 2023, eq. 10).
 
     The result integrates to one with respect to :math:`d\psi`, but its modes are
     not the images of the modes of :math:`q`.  Dense Jacobian (small models).
@@ -103,7 +103,7 @@ def log_volume_element(metric_fn: Callable[[PyTree], jax.Array], x: PyTree) -> j
 def log_density_wrt_volume(
     log_q: Callable[[PyTree], jax.Array], metric_fn: Callable[[jax.Array], jax.Array]
 ) -> Callable[[jax.Array], jax.Array]:
-    r"""The density w.r.t. the Riemannian volume form, :math:`\log q^G = \log q - \tfrac12\log|\det G|` (paper 000, eq. 11).
+    r"""The density w.r.t. the Riemannian volume form, :math:`\log q^G = \log q - \tfrac12\log|\det G|` (Kristiadi et al. 2023, eq. 11).
 
     Transforms as a plain function: with the Lebesgue-transformed density and the
     transformed metric in :math:`\psi`, it equals the :math:`\theta` value at
@@ -274,7 +274,7 @@ def laplace_log_marginal_likelihood(
     num_iterations: int = 30,
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
 ) -> LaplaceEvidence:
-    r"""Laplace approximation of :math:`\log\int e^{-\mathcal L(\theta)}d\theta` at a minimum (MacKay 1992; paper 000, Sec. 4.2).
+    r"""Laplace approximation of :math:`\log\int e^{-\mathcal L(\theta)}d\theta` at a minimum (MacKay 1992; Kristiadi et al. 2023, Sec. 4.2).
 
     .. math:: \log Z = -\mathcal L(\theta^*) + \tfrac d2\log 2\pi - \tfrac12\log\det H(\theta^*) \;[+\; \tfrac12\log\det G(\theta^*)]
 
@@ -298,7 +298,7 @@ def laplace_log_marginal_likelihood(
         If ``params`` are coordinates :math:`\psi` of a model whose original coordinates
         are :math:`\theta`, given as a :class:`~minigeo.Reparametrization`
         (:math:`\theta \mapsto \psi`) or a :class:`WeightNorm`, the evidence is computed in
-        :math:`\theta` (paper 000, App. B.2): the curvature is the :math:`\theta`-one,
+        :math:`\theta` (Kristiadi et al. 2023, App. B.2): the curvature is the :math:`\theta`-one,
         whatever the number of :math:`\psi` coordinates.
     method
         ``"dense"`` (Cholesky/``slogdet``) or ``"slq"`` (stochastic Lanczos quadrature,
@@ -411,10 +411,10 @@ class WeightNorm(NamedTuple):
     ``axis`` = -1 becomes ``{"r": r, "eta": eta}``: one length :math:`r` per unit and
     a direction :math:`\eta` with the shape of ``W`` (norm over the fan-in axes).  It
     adds one coordinate per unit without adding degrees of freedom (Salimans &
-    Kingma 2016; paper 000, Example 1(b)), so it is not a :class:`Reparametrization`
+    Kingma 2016; Kristiadi et al. 2023, Example 1(b)), so it is not a :class:`Reparametrization`
     in the strict sense.
 
-    Use :meth:`split` (:math:`\theta \to \psi`, with unit-norm :math:`\eta`, as in paper 000's
+    Use :meth:`split` (:math:`\theta \to \psi`, with unit-norm :math:`\eta`, as in Kristiadi et al.'s (2023)
     :math:`\theta = r\eta`, :math:`\eta \in S^{d-1}`) and
     :meth:`merge` (:math:`\psi \to \theta`).
 

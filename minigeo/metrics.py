@@ -10,15 +10,15 @@ constructor                                 :math:`G(\theta)`
 :func:`euclidean`                           :math:`I`
 :func:`diagonal` ``(weights)``              :math:`\mathrm{diag}(w)`
 :func:`dense` ``(matrix_fn)``               any user matrix field
-:func:`pullback` ``(f, output_metric)``     :math:`J_f^\top G_z J_f` (paper 003, "pullback metric")
-:func:`ggn` ``(model_fn, loss_fn)``         :math:`J^\top H_z J`, :math:`H_z = \nabla_z^2 \ell` (paper 000, eq. 3)
+:func:`pullback` ``(f, output_metric)``     :math:`J_f^\top G_z J_f` (Grosse 2022, "pullback metric")
+:func:`ggn` ``(model_fn, loss_fn)``         :math:`J^\top H_z J`, :math:`H_z = \nabla_z^2 \ell` (Kristiadi et al. 2023, eq. 3)
 :func:`fisher` ``(model_fn, likelihood)``   :math:`J^\top F_z J`, :math:`F_z` the output-space Fisher (exact or Monte Carlo)
 :func:`empirical_fisher` ``(model_fn, l)``  :math:`\frac1N\sum_n J_n^\top g_n g_n^\top J_n`, :math:`g_n = \nabla_{z_n}\ell_n` at the training targets
 ==========================================  ==============================================================
 
 Products go jvp → output-space product → vjp, so the :math:`N k \times d`
-Jacobian is never formed (paper 003, ``pullback_mvp``/``gnhvp``).  All metrics
-of the pullback family (12) of paper 000 transform correctly under
+Jacobian is never formed (Grosse 2022, ``pullback_mvp``/``gnhvp``).  All metrics
+of the pullback family (12) of Kristiadi et al. 2023 transform correctly under
 reparametrization by autodiff alone: evaluating them on ``model_fn ∘ φ⁻¹`` gives
 :math:`J^{-\top} G J^{-1}`.
 
@@ -345,7 +345,7 @@ def _output_mv(output_metric: OutputMetric) -> Callable[[PyTree, PyTree], PyTree
 
 
 def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metric:
-    r"""The pullback metric :math:`f^*G_z = J_f^\top G_z J_f` (paper 003, "pullback metric").
+    r"""The pullback metric :math:`f^*G_z = J_f^\top G_z J_f` (Grosse 2022, "pullback metric").
 
     Parameters
     ----------
@@ -387,7 +387,7 @@ def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metr
 
 
 def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Array]) -> Metric:
-    r"""The generalized Gauss-Newton matrix :math:`J^\top H_z J` (paper 000, eq. 3; paper 003, ``gnhvp``).
+    r"""The generalized Gauss-Newton matrix :math:`J^\top H_z J` (Kristiadi et al. 2023, eq. 3; Grosse 2022, ``gnhvp``).
 
     Positive semi-definite when ``loss_fn`` is convex in the outputs.  Equal to
     the pullback of the Euclidean metric for squared error, and to the Fisher
@@ -567,7 +567,7 @@ def fisher(
     mc_samples: int | None = None,
     key: jax.Array | None = None,
 ) -> Metric:
-    r"""The Fisher information :math:`\sum_n J_n^\top\, \mathbb E_{t\sim p(\cdot\mid z_n)}[g g^\top]\, J_n` (paper 003).
+    r"""The Fisher information :math:`\sum_n J_n^\top\, \mathbb E_{t\sim p(\cdot\mid z_n)}[g g^\top]\, J_n` (Grosse 2022).
 
     Parameters
     ----------
@@ -637,7 +637,7 @@ def empirical_fisher(
 
     The outer product of per-example gradients.  Unlike :func:`fisher` it does
     not sample targets from the model, and it is *not* a curvature
-    approximation in general (paper 003; Kunstner et al. 2019).
+    approximation in general (Grosse 2022; Kunstner et al. 2019).
 
     Parameters
     ----------

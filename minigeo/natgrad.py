@@ -5,9 +5,9 @@ For a parametrization :math:`\phi: \Xi \to \mathcal Z` of a model
 the coordinate vectors :math:`\partial_i = d\phi_\xi(e_i)` have the **Gram matrix**
 :math:`G_{ij}(\xi) = g(\partial_i, \partial_j) = (J^\top g J)_{ij}`.  When the model is
 overparametrized, :math:`G` is singular and the **natural parameter gradient** uses
-the Moore-Penrose inverse, :math:`G^+\nabla_\xi L` (paper 002, Def. 3).
+the Moore-Penrose inverse, :math:`G^+\nabla_\xi L` (van Oostrum et al. 2023, Def. 3).
 
-Theorem 1 of paper 002: its pushforward :math:`d\phi_\xi\,G^+\nabla_\xi L` is the
+Theorem 1 of van Oostrum et al. 2023: its pushforward :math:`d\phi_\xi\,G^+\nabla_\xi L` is the
 :math:`g`-orthogonal projection of the ambient gradient :math:`\mathrm{grad}^{\mathcal Z}L`
 onto :math:`\mathrm{span}\{\partial_i\}` (:func:`span_projection`), hence the natural
 gradient on the model wherever the parametrization is proper.
@@ -62,7 +62,7 @@ def gram_matrix(
     *,
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
 ) -> jax.Array:
-    r"""Gram matrix :math:`G_{ij}(\xi) = g_{\phi(\xi)}(\partial_i\phi, \partial_j\phi) = (J^\top g\,J)_{ij}` (paper 002, Sec. 2).
+    r"""Gram matrix :math:`G_{ij}(\xi) = g_{\phi(\xi)}(\partial_i\phi, \partial_j\phi) = (J^\top g\,J)_{ij}` (van Oostrum et al. 2023, Sec. 2).
 
     Parameters
     ----------
@@ -84,7 +84,7 @@ def gram_matrix(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> phi = lambda xi: jnp.array([jnp.sin(2 * xi[0]), jnp.sin(xi[0])])  # paper 002, App. A.2
+    >>> phi = lambda xi: jnp.array([jnp.sin(2 * xi[0]), jnp.sin(xi[0])])  # van Oostrum et al. 2023, App. A.2
     >>> mg.gram_matrix(phi, None, jnp.array([0.0]))
     Array([[5.]], dtype=float32)
     """
@@ -127,12 +127,12 @@ def moore_penrose_inverse(matrix: jax.Array, rcond: float | None = None) -> jax.
 
 
 def natural_parameter_gradient(gram: jax.Array, grad: PyTree, rcond: float | None = None) -> PyTree:
-    r"""The natural parameter gradient :math:`G^+\nabla_\xi L` with the Moore-Penrose inverse (paper 002, Def. 3, eq. 7).
+    r"""The natural parameter gradient :math:`G^+\nabla_\xi L` with the Moore-Penrose inverse (van Oostrum et al. 2023, Def. 3, eq. 7).
 
     ``grad`` may be a pytree; ``gram`` is over its flattened coordinates.  Among
     all :math:`y` with :math:`Gy = \nabla L` (when one exists) it is the one of
     smallest Euclidean norm, which is why it depends on the parametrization even
-    though its pushforward does not (paper 002, Sec. 3.2).
+    though its pushforward does not (van Oostrum et al. 2023, Sec. 3.2).
 
     References
     ----------
@@ -143,7 +143,7 @@ def natural_parameter_gradient(gram: jax.Array, grad: PyTree, rcond: float | Non
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> G = jnp.array([[1.0, 1.0], [1.0, 1.0]])             # paper 002, App. A.3
+    >>> G = jnp.array([[1.0, 1.0], [1.0, 1.0]])             # van Oostrum et al. 2023, App. A.3
     >>> mg.natural_parameter_gradient(G, jnp.array([6.0, 6.0])).round(4)
     Array([3., 3.], dtype=float32)
     """
@@ -158,7 +158,7 @@ def span_projection(tangents: jax.Array, metric: jax.Array | None, v: jax.Array)
 
     :math:`\Pi v = T\,(T^\top g\,T)^+\,T^\top g\,v`.  With ``tangents`` the
     Jacobian :math:`J` of a parametrization (columns :math:`\partial_i`) and ``v`` the
-    ambient gradient :math:`g^{-1}dL`, this is the right-hand side of paper 002's
+    ambient gradient :math:`g^{-1}dL`, this is the right-hand side of van Oostrum et al.'s (2023)
     Theorem 1.  ``metric=None`` means Euclidean.
 
     References

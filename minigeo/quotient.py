@@ -3,10 +3,10 @@ r"""Quotient geometry of GL(h) and GL(1) symmetries (floor 2, chapter 6).
 Attention scores depend on the query/key weights only through :math:`W_Q W_K^\top`, and
 the value/output path only through :math:`W_V W_O^\top`: for a pair
 :math:`(G, H) \in \mathbb R^{n\times h}\times\mathbb R^{m\times h}` used as :math:`GH^\top`, every
-:math:`A \in GL(h)` gives the same function at :math:`(GA^{-1}, HA^\top)` (paper 004, Sec. 5.2).
+:math:`A \in GL(h)` gives the same function at :math:`(GA^{-1}, HA^\top)` (da Silva et al. 2025, Sec. 5.2).
 Element-wise rescalings :math:`(u, v) \mapsto (au, v/a)` (diagonal networks, the scalar toy
 model) are the GL(1) case.  Sharpness should be measured on the quotient by these
-symmetries; this module provides its Riemannian geometry for paper 004's metric (15)
+symmetries; this module provides its Riemannian geometry for da Silva et al.'s (2025) metric (15)
 
 .. math:: \langle\eta, \zeta\rangle_{(G,H)} = \mathrm{Tr}\big((G^\top G)^{-1}\eta_G^\top\zeta_G\big) + \mathrm{Tr}\big((H^\top H)^{-1}\eta_H^\top\zeta_H\big),
 
@@ -20,7 +20,7 @@ orthogonal to every vertical vector iff :math:`H^\top\eta_H Q^{-1} = P^{-1}\eta_
 
 .. math:: A X + X A = B,\qquad X = \Lambda^\top,\quad A = PQ,\quad B = P H^\top\xi_H - \xi_G^\top G Q.
 
-Paper 004 (Sec. 5.2) prints :math:`A\Lambda + \Lambda A^\top = B` for :math:`\Lambda` itself; read
+Da Silva et al. 2025 (Sec. 5.2) prints :math:`A\Lambda + \Lambda A^\top = B` for :math:`\Lambda` itself; read
 literally that is a different equation (:math:`A` is not symmetric) and its solution does not
 give a horizontal vector.
 
@@ -204,7 +204,7 @@ def pair_frame(G: jax.Array, H: jax.Array, eps=0.0) -> PairFrame:
 
 
 def _raise_if_singular(f: PairFrame, who: str) -> None:
-    """Eagerly: raise if a pair is numerically rank deficient at its dtype (paper 004, Assumption 5.1)."""
+    """Eagerly: raise if a pair is numerically rank deficient at its dtype (da Silva et al. 2025, Assumption 5.1)."""
     if not is_concrete(f.ok):
         return
     ok = np.asarray(f.ok)
@@ -216,7 +216,7 @@ def _raise_if_singular(f: PairFrame, who: str) -> None:
     raise GeometryError(
         f"{who}: the pair (G, H) is numerically rank deficient at {f.G.dtype} (batch index {bad}; "
         f"condition number of a side {cond:.3g}, cut-off {1 / singular_value_cutoff(max(n, m), h, f.G.dtype):.3g}): "
-        "metric (15) needs full column rank h (paper 004, Assumption 5.1). Use the relaxation eps > 0 "
+        "metric (15) needs full column rank h (da Silva et al. 2025, Assumption 5.1). Use the relaxation eps > 0 "
         "(e.g. eps=1e-6, App. G.2), float64, or a better-conditioned point."
     )
 
@@ -286,7 +286,7 @@ def christoffel_with(f: PairFrame, xi: Pair) -> Pair:
 
 
 def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str = "inv") -> jax.Array:
-    r"""The GL(h)-invariant metric of paper 004: eq. (15) (``kind="inv"``) or the "mix" metric (34).
+    r"""The GL(h)-invariant metric of da Silva et al. 2025: eq. (15) (``kind="inv"``) or the "mix" metric (34).
 
     ``"inv"``: :math:`\mathrm{Tr}((G^\top G)^{-1}\eta_G^\top\zeta_G) + \mathrm{Tr}((H^\top H)^{-1}\eta_H^\top\zeta_H)`;
     ``"mix"``: :math:`\mathrm{Tr}((H^\top H)\eta_G^\top\zeta_G) + \mathrm{Tr}((G^\top G)\eta_H^\top\zeta_H)`.
@@ -357,7 +357,7 @@ def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
 
     :math:`\xi^{\mathrm H} = (\xi_G + G\Lambda, \xi_H - H\Lambda^\top)` with :math:`\Lambda^\top` solving
     :math:`(PQ)X + X(PQ) = PH^\top\xi_H - \xi_G^\top GQ` (see the module notes for the derivation
-    and the difference to the equation printed in paper 004).  Idempotent; the
+    and the difference to the equation printed in da Silva et al. 2025).  Idempotent; the
     removed part is vertical; the result is orthogonal to every vertical vector.
 
     Computed from thin SVDs of ``G`` and ``H`` (never their Gram matrices) at ``"highest"`` matmul
@@ -423,7 +423,7 @@ def riemannian_gradient(point: Pair, egrad: Pair, *, eps: float = 0.0) -> Pair:
 
 
 def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
-    r"""The geodesic correction :math:`\Gamma(\xi, \xi)` of metric (15), paper 004 eq. (43)/(16).
+    r"""The geodesic correction :math:`\Gamma(\xi, \xi)` of metric (15), da Silva et al. 2025 eq. (43)/(16).
 
     For the G part :math:`-\xi_G P^{-1}(\xi_G^\top G + G^\top\xi_G) + G P^{-1}\xi_G^\top\xi_G` with
     :math:`P = G^\top G (+\epsilon I)`, and likewise for H.  Geodesics satisfy
@@ -448,7 +448,7 @@ def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
 
 
 def geodesic_step(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
-    r"""Second-order approximation of the geodesic :math:`\gamma_\xi(1) \approx x + \xi - \tfrac12\Gamma(\xi,\xi)` (paper 004, eq. 7).
+    r"""Second-order approximation of the geodesic :math:`\gamma_\xi(1) \approx x + \xi - \tfrac12\Gamma(\xi,\xi)` (da Silva et al. 2025, eq. 7).
 
     References
     ----------
@@ -540,7 +540,7 @@ def gl1_horizontal_projection(point: Pair, xi: Pair) -> Pair:
 
 
 def gl1_geodesic(point: Pair, xi: Pair, t: float = 1.0) -> Pair:
-    r"""Exact geodesic of the GL(1) metric: :math:`u(t) = u\,e^{t\,\xi_u/u}`, :math:`v(t) = v\,e^{t\,\xi_v/v}` (paper 004, eq. 10, App. D).
+    r"""Exact geodesic of the GL(1) metric: :math:`u(t) = u\,e^{t\,\xi_u/u}`, :math:`v(t) = v\,e^{t\,\xi_v/v}` (da Silva et al. 2025, eq. 10, App. D).
 
     References
     ----------

@@ -16,7 +16,7 @@ factory             :math:`\psi = \varphi(\theta)`         domain
 ==================  =====================================  ==========================
 
 ``log`` and ``softplus`` are the two standard ways to make a positive parameter
-(a variance :math:`\sigma^2`, a scale) unconstrained (paper 000, Example 1(a)):
+(a variance :math:`\sigma^2`, a scale) unconstrained (Kristiadi et al. 2023, Example 1(a)):
 :math:`\theta = e^\psi` and :math:`\theta = \log(1 + e^\psi)` respectively.
 """
 
@@ -76,7 +76,7 @@ def softplus() -> Reparametrization:
     r"""Softplus coordinates: :math:`\theta = \log(1 + e^{\psi})`, i.e. :math:`\psi = \mathrm{softplus}^{-1}(\theta)`.
 
     Maps positive parameters to the real line, like :func:`log` but with
-    :math:`\theta \approx \psi` for large values (paper 000, Example 1(a)).
+    :math:`\theta \approx \psi` for large values (Kristiadi et al. 2023, Example 1(a)).
 
     References
     ----------

@@ -6,12 +6,12 @@ loss can rise under perturbations scaled by the weights' magnitudes,
 .. math:: S^\rho_{\max}(w) = \max_{\lVert\delta/|w|\rVert_2 \le \rho} L(w + \delta) - L(w),
 
 which is invariant to element-wise rescalings (GL(1) symmetries) but not to the GL(h)
-symmetries of attention.  **Geodesic sharpness** (paper 004, eq. 6/8) maximizes over the
+symmetries of attention.  **Geodesic sharpness** (da Silva et al. 2025, eq. 6/8) maximizes over the
 geodesic ball of the quotient manifold instead: horizontal velocities :math:`\xi` with
 :math:`\lVert\xi\rVert_g \le \rho` under metric (15) for the GL(h) pairs named in a
 :class:`SymmetrySpec`, the adaptive norm for all other weights, and the perturbed point
 :math:`w + \xi - \tfrac12\Gamma(\xi,\xi)` (eq. 7).  Both maxima are found by Auto-PGD
-(Croce & Hein 2020; paper 004, App. C.2, Algorithm 1): normalized (Riemannian) gradient
+(Croce & Hein 2020; da Silva et al. 2025, App. C.2, Algorithm 1): normalized (Riemannian) gradient
 ascent with momentum 0.75, projection onto the ball, and step-size halving with restarts
 from the best point at checkpoints 0, 0.22, 0.41, ... of the iterations.
 
@@ -60,7 +60,7 @@ class SymmetrySpec(NamedTuple):
 
     Build it with :func:`symmetry_spec`, which checks the paths and shapes.  ``pairs`` holds,
     per GL(h) pair, the leaf indices (in ``jax.tree_util.tree_leaves`` order) of each side:
-    ``(weight,)`` or ``(weight, bias)`` when a bias is appended as a last row (paper 004,
+    ``(weight,)`` or ``(weight, bias)`` when a bias is appended as a last row (da Silva et al. 2025,
     Example A.1).  ``gl1_pairs`` holds ``(u, v)`` leaf indices.
 
     References
@@ -109,7 +109,7 @@ class WithBias(NamedTuple):
 
 
 def with_bias(weight: Path, bias: Path) -> WithBias:
-    r"""Name a GL(h) side whose bias is appended to its weight, :math:`\binom{W}{b^\top}` (paper 004, Example A.1).
+    r"""Name a GL(h) side whose bias is appended to its weight, :math:`\binom{W}{b^\top}` (da Silva et al. 2025, Example A.1).
 
     Attention computes :math:`XW_q + \mathbf 1 b_q^\top = [X\ \mathbf 1]\binom{W_q}{b_q^\top}`, so
     the GL(h) symmetry :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` acts on the weight and its bias
@@ -152,9 +152,9 @@ def symmetry_spec(
     Each pair's arrays must have shapes ``(..., n, h)`` and ``(..., m, h)`` with equal
     ``h`` and batch (head) dimensions.  A side given as :func:`with_bias` ``(weight, bias)``
     appends the bias ``(..., h)`` to its weight as a last row, so the pair is
-    :math:`\big(\binom{W_G}{b_G^\top}, \binom{W_H}{b_H^\top}\big)` (paper 004, Example A.1).
+    :math:`\big(\binom{W_G}{b_G^\top}, \binom{W_H}{b_H^\top}\big)` (da Silva et al. 2025, Example A.1).
     ``gl1_pairs`` name leaves ``(u, v)`` of equal shape used through ``u * v``: they get the
-    exact horizontal geodesics :math:`(u e^{B}, v e^{B})` of paper 004, eq. (10).  ``eps`` is
+    exact horizontal geodesics :math:`(u e^{B}, v e^{B})` of da Silva et al. 2025, eq. (10).  ``eps`` is
     the relaxation of App. G.2.
 
     ``redundant`` names leaves that do not change the network function (a direction :math:`v`
@@ -162,7 +162,7 @@ def symmetry_spec(
     :math:`q_i^\top b_k` to every score of query :math:`i`, which the softmax over keys removes.
     Perturbing such a leaf cannot change the loss but spends the perturbation budget and lets
     the metric depend on a coordinate the function ignores, so geodesic and adaptive sharpness
-    hold them fixed.  (Paper 004, Example A.1, appends :math:`b_k` to the key side of the pair
+    hold them fixed.  (Da Silva et al. 2025, Example A.1, appends :math:`b_k` to the key side of the pair
     instead; that is a valid symmetry, but it makes sharpness change when :math:`b_k` is shifted.)
 
     Raises
@@ -431,7 +431,7 @@ class _Geometry:
             out += [G1, H1]
             caches.append((cG, cH))
         k = 2 * len(self.pairs)
-        for j, (ui, vi) in enumerate(self.gl1):  # exact horizontal geodesic, paper 004 eq. (10)
+        for j, (ui, vi) in enumerate(self.gl1):  # exact horizontal geodesic, da Silva et al. 2025 eq. (10)
             B = parts[k + j] / math.sqrt(2.0)
             out.append((w[ui] * jnp.exp(B), w[vi] * jnp.exp(B)))
         k += len(self.gl1)
@@ -853,7 +853,7 @@ def geodesic_sharpness(
     momentum: float = 0.75,
     return_perturbation: bool = False,
 ) -> SharpnessResult:
-    r"""Worst-case geodesic sharpness on the quotient by the spec's symmetries (paper 004, eq. 8, Algorithm 1).
+    r"""Worst-case geodesic sharpness on the quotient by the spec's symmetries (da Silva et al. 2025, eq. 8, Algorithm 1).
 
     Maximizes :math:`L(w + \xi - \tfrac12\Gamma(\xi,\xi)) - L(w)` over horizontal :math:`\xi` with
     :math:`\lVert\xi\rVert_g \le \rho` (metric (15) on the GL(h) pairs of ``spec``, the adaptive

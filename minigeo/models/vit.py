@@ -10,7 +10,7 @@ of 64; 88,224,232 parameters, the same count as timm's ``vit_base_patch32_224``)
 
 **Parameter layout.**  The blocks are stacked along a leading ``depth`` axis and run with
 ``lax.scan`` (one compiled block, whatever the depth).  The attention weights are stored
-*per head*, the layout in which the GL(h) symmetries of paper 004 (Example A.1, App. C.1)
+*per head*, the layout in which the GL(h) symmetries of da Silva et al. 2025 (Example A.1, App. C.1)
 are visible:
 
 ==========  =========================  =============================================
@@ -301,14 +301,14 @@ def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
 
     Per head :math:`i` (and layer): :math:`\big(\binom{W_q^i}{b_q^{i\top}}, W_k^i\big)`
     and :math:`\big(\binom{W_v^i}{b_v^{i\top}}, W_o^i\big)`, the query and value biases appended as
-    in paper 004, Example A.1; heads and layers are the leading batch axes of the leaves, so each
+    in da Silva et al. 2025, Example A.1; heads and layers are the leading batch axes of the leaves, so each
     head is its own pair.  The key bias :math:`b_k` is **redundant**: it adds
     :math:`q_t^\top b_k` to every score of query :math:`t`, a constant along the key axis that the
     softmax removes, so the function does not depend on it and it is never perturbed.  (Example
     A.1 appends :math:`b_k` to the key side instead; the symmetry is valid, but then shifting
     :math:`b_k`, which changes nothing, changes metric (15) and the sharpness.)  Every other leaf
     (patch embedding, positions, LayerNorms, MLP, head, ``b_o``) gets the element-wise adaptive
-    treatment (paper 004, App. C.1).
+    treatment (da Silva et al. 2025, App. C.1).
 
     Raises
     ------
