@@ -5,7 +5,9 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu
+# MINIGEO_BOOK_BATCH=1: the chapters' slider cells print a note instead of starting ipywidgets'
+# interact, which can deadlock a non-interactive notebook client (jupyter/nbclient#312)
+export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_BOOK_BATCH=1
 rm -rf _build
 jupyter-book build . -W -n --keep-going
 test -f _build/html/index.html || { echo "build_book: _build/html/index.html missing"; exit 1; }

@@ -10,7 +10,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
 # test-only extras: torch/torchvision/timm for the timm parity test of minigeo.models.vit
 .venv/bin/python -m pip install --quiet -r requirements-parity.txt
-export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_REQUIRE_TIMM=1
+# MINIGEO_BOOK_BATCH=1: the chapters' slider cells print a note instead of starting ipywidgets'
+# interact, which can deadlock a non-interactive notebook client (jupyter/nbclient#312)
+export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_BOOK_BATCH=1 MINIGEO_REQUIRE_TIMM=1
 
 bash scripts/install_chromium.sh
 
