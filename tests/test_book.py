@@ -165,3 +165,25 @@ def test_cite_page_names_every_chapter_and_status_page_is_listed():
             f"cite.md has no BibTeX title row for {nb.name} ({title!r})"
         )
     assert "book/status" in toc_files() and "{nb-exec-table}" in (ROOT / "book" / "status.md").read_text()
+
+
+INTERACTIVE_CHAPTERS = [nb for nb in CHAPTERS if int(nb.name[:2]) <= 5]
+
+
+@pytest.mark.parametrize("nb", INTERACTIVE_CHAPTERS, ids=lambda p: p.name)
+def test_chapter_has_a_guarded_interactive_figure(nb):
+    """Chapters 1-5 each have a slider figure (ipywidgets.interact, recomputing with minigeo) that
+    batch execution skips: MINIGEO_BOOK_BATCH=1 (set by the build and CI) prints a note instead,
+    because interact can deadlock a non-interactive notebook client (jupyter/nbclient#312)."""
+    cells = [c for c in code_cells(nb) if "widgets.interact(" in "".join(c["source"])]
+    assert cells, f"{nb.name}: no interactive figure"
+    for c in cells:
+        src = "".join(c["source"])
+        assert 'os.environ.get("MINIGEO_BOOK_BATCH")' in src, f"{nb.name}: interact is not guarded"
+        assert "mg." in src or "def " in src, f"{nb.name}: the callback should recompute"
+        assert "nbval-ignore-output" in c.get("metadata", {}).get("tags", [])
+
+
+def test_build_and_tests_run_notebooks_in_batch_mode():
+    for script in ("build_book.sh", "test.sh"):
+        assert "MINIGEO_BOOK_BATCH=1" in (ROOT / "scripts" / script).read_text()
