@@ -77,10 +77,10 @@ def main() -> int:
     timed = interleaved_per_iteration(
         {
             "adaptive": lambda n: (
-                mg.adaptive_sharpness(loss, params, batches, 0.05, key=key, n_iter=n).sharpness
+                mg.adaptive_sharpness(loss, params, batches, 0.05, key=key, n_iter=n, n_restarts=0).sharpness
             ),
             "geodesic": lambda n: (
-                mg.geodesic_sharpness(loss, params, batches, spec, 0.05, key=key, n_iter=n).sharpness
+                mg.geodesic_sharpness(loss, params, batches, spec, 0.05, key=key, n_iter=n, n_restarts=0).sharpness
             ),
         },
         args.iters,
@@ -132,8 +132,8 @@ def main() -> int:
     ev_labels = jax.random.randint(key, (args.batches, args.batch), 0, config.num_classes)
     ev = (ev_images, ev_labels)
     whole = {
-        "adaptive": lambda: mg.adaptive_sharpness(loss, params, ev, 0.05, key=key, n_iter=args.iters, spec=spec).sharpness,
-        "geodesic": lambda: mg.geodesic_sharpness(loss, params, ev, spec, 0.05, key=key, n_iter=args.iters).sharpness,
+        "adaptive": lambda: mg.adaptive_sharpness(loss, params, ev, 0.05, key=key, n_iter=args.iters, spec=spec, n_restarts=0).sharpness,
+        "geodesic": lambda: mg.geodesic_sharpness(loss, params, ev, spec, 0.05, key=key, n_iter=args.iters, n_restarts=0).sharpness,
     }
     t_whole = {name: median_time(fn, repeats=args.repeats, warmup=1) for name, fn in whole.items()}
     print(

@@ -13,7 +13,12 @@ geodesic ball of the quotient manifold instead: horizontal velocities :math:`\xi
 :math:`w + \xi - \tfrac12\Gamma(\xi,\xi)` (eq. 7).  Both maxima are found by Auto-PGD
 (Croce & Hein 2020; da Silva et al. 2025, App. C.2, Algorithm 1): normalized (Riemannian) gradient
 ascent with momentum 0.75, projection onto the ball, and step-size halving with restarts
-from the best point at checkpoints 0, 0.22, 0.41, ... of the iterations.
+from the best point at checkpoints 0, 0.22, 0.41, ... of the iterations.  Because the ascent's local
+maxima near a minimum come in near-antipodal pairs (the loss rises through an even quadratic form
+plus smaller odd terms), a run is followed by up to ``n_restarts`` (default 7) runs each started at
+the antipode of the previous run's best point, stopping once two runs in a row gained less than
+0.1 % (see ``benchmarks/validate_sharpness_optimum.py``: on chapter 6's 50 diagonal networks this
+lifts the worst ratio to the exact optimum from 0.77 to above 0.99).
 
 Both functions are jit-compiled end to end (``lax`` loops), deterministic given a PRNG key,
 average over a stack of batches, and return the maximizing perturbation.
@@ -245,6 +250,12 @@ def symmetry_spec(
 
 #: :attr:`SharpnessResult.status` codes: success, a numerically singular GL(h) pair, a non-finite value.
 STATUS_OK, STATUS_SINGULAR_PAIR, STATUS_NON_FINITE = 0, 1, 2
+
+#: Default maximum number of antipodal Auto-PGD restarts after the first run (``n_restarts`` of
+#: :func:`adaptive_sharpness` and :func:`geodesic_sharpness`); the restarts stop early once two runs
+#: in a row raised the best value by less than ``_RESTART_RTOL`` of the sharpness.
+N_RESTARTS = 7
+_RESTART_RTOL, _RESTART_PATIENCE = 1e-3, 2
 
 
 class SharpnessResult(NamedTuple):
@@ -550,6 +561,11 @@ def _check_rho(rho: Any) -> None:
             )
 
 
+def _check_restarts(n_restarts: Any) -> None:
+    if isinstance(n_restarts, bool) or not (isinstance(n_restarts, (int, np.integer)) and n_restarts >= 0):
+        raise GeometryError(f"n_restarts must be an int >= 0, got {n_restarts!r}.")
+
+
 def _check_common(rho: Any, batches: PyTree, n_iter: int) -> int:
     _check_rho(rho)
     if isinstance(n_iter, bool) or not (isinstance(n_iter, (int, np.integer)) and n_iter >= 1):
@@ -567,8 +583,22 @@ def _check_common(rho: Any, batches: PyTree, n_iter: int) -> int:
     return sizes.pop()
 
 
-def _auto_pgd(loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, momentum: float, keep: bool):
-    """Auto-PGD on one batch from the base-point factorization ``fac``; returns (value, all finite, perturbation)."""
+def _auto_pgd(
+    loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, momentum: float, keep: bool, n_restarts: int = 0
+):
+    """Auto-PGD on one batch from the base-point factorization ``fac``; returns (value, all finite, perturbation).
+
+    Run 0 is the single run of Croce & Hein from the random start of :meth:`_Geometry.start` (so
+    ``n_restarts=0`` reproduces it exactly); then up to ``n_restarts`` more runs of ``n_iter``
+    iterations each, every one from the **antipode** ``-x`` of the previous run's best point, keeping
+    the best point of all, until ``_RESTART_PATIENCE`` runs in a row raised the best value by less
+    than ``_RESTART_RTOL`` of the sharpness.  Near a minimum the loss rises through its Hessian's
+    quadratic form, which is even in the perturbation: the ascent's local maxima come in
+    near-antipodal pairs whose values differ by the odd (third-order) terms, and a run ends near the
+    member on its start's side.  The antipodal run tries the other member and, the quadratic part
+    being even, also continues the previous run's convergence towards the top curvature direction
+    with a fresh step size (each run halves its step as it stalls, which slows that convergence).
+    """
     w, treedef = jax.tree_util.tree_flatten(params)
     base = loss_fn(params, batch)
     ftype = base.dtype
@@ -601,28 +631,13 @@ def _auto_pgd(loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, mome
     def where(cond, a, b):
         return tmap(lambda x, y: jnp.where(cond, x, y), a, b)
 
-    v0 = geometry.start(key, w, fac)
-    v0 = scale(0.5 * rho / norm(v0), v0)
+    def random_start(k):
+        v = geometry.start(k, w, fac)
+        return scale(0.5 * rho / norm(v), v)
 
     checkpoints = jnp.zeros(n_iter + 1, dtype=bool).at[jnp.asarray(_checkpoints(n_iter))].set(True)
     eta0 = 2.0 * rho
     none = jnp.asarray(-jnp.inf, ftype)
-    zeros = [jnp.zeros_like(p) for p in v0]
-    state = dict(
-        x=v0,
-        x_prev=v0,
-        f=none,
-        g=zeros,
-        eta=eta0,
-        best_x=v0,
-        best_f=none,
-        best_g=zeros,
-        succ=jnp.zeros((), jnp.int32),
-        last_ck=jnp.zeros((), jnp.int32),
-        eta_ck=eta0,
-        best_ck=none,
-        finite=jnp.isfinite(base),
-    )
 
     # Iteration k = 1..n_iter of Auto-PGD is loop step k; step 0 only evaluates the start point,
     # which always becomes the first best point (so the result is never the initial -inf).
@@ -665,12 +680,60 @@ def _auto_pgd(loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, mome
             finite=finite,
         )
 
-    s = jax.lax.fori_loop(0, n_iter + 1, body, state)
+    def run(v0, finite):
+        """One Auto-PGD run of n_iter iterations from v0: its best point, value and finiteness."""
+        zeros = [jnp.zeros_like(p) for p in v0]
+        state = dict(
+            x=v0,
+            x_prev=v0,
+            f=none,
+            g=zeros,
+            eta=eta0,
+            best_x=v0,
+            best_f=none,
+            best_g=zeros,
+            succ=jnp.zeros((), jnp.int32),
+            last_ck=jnp.zeros((), jnp.int32),
+            eta_ck=eta0,
+            best_ck=none,
+            finite=finite,
+        )
+        s = jax.lax.fori_loop(0, n_iter + 1, body, state)
+        return s["best_x"], s["best_f"], s["finite"]
+
+    # All runs in one loop, so the run is traced and compiled once whatever n_restarts; run r >= 1
+    # starts at the antipode of run r - 1's best point, run 0 at the random start (the antipode of
+    # its antipode, exactly).  Stop after n_restarts + 1 runs, or once _RESTART_PATIENCE runs in a
+    # row raised the best value by less than _RESTART_RTOL of the sharpness, or at a non-finite value.
+    def one_run(c):
+        r, x_prev_run, x_best, f_best, fin, stall = c
+        x_run, f_run, fin = run(scale(-1.0, x_prev_run), fin)
+        first = r == 0
+        improved = first | (f_run > f_best + _RESTART_RTOL * jnp.abs(f_best - base))
+        better = first | (f_run > f_best)
+        return (
+            r + 1,
+            x_run,
+            where(better, x_run, x_best),
+            jnp.where(better, f_run, f_best),
+            fin,
+            jnp.where(improved, 0, stall + 1),
+        )
+
+    def go_on(c):
+        r, _, _, _, fin, stall = c
+        return (r == 0) | ((r <= n_restarts) & (stall < _RESTART_PATIENCE) & fin)
+
+    v0 = random_start(key)
+    zero = jnp.zeros((), jnp.int32)
+    _, _, best_x, best_f, finite, _ = jax.lax.while_loop(
+        go_on, one_run, (zero, scale(-1.0, v0), v0, none, jnp.isfinite(base), zero)
+    )
     perturbation = None
     if keep:
-        delta = geometry.assemble(w, geometry.perturb(w, fac, s["best_x"])[0])
+        delta = geometry.assemble(w, geometry.perturb(w, fac, best_x)[0])
         perturbation = jax.tree_util.tree_unflatten(treedef, [d - wi for d, wi in zip(delta, w)])
-    return s["best_f"] - base, s["finite"] & jnp.isfinite(s["best_f"]), perturbation
+    return best_f - base, finite & jnp.isfinite(best_f), perturbation
 
 
 @functools.partial(jax.jit, static_argnames=("geometry",))
@@ -678,11 +741,13 @@ def _factorize(geometry, params):
     return geometry.factors(jax.tree_util.tree_leaves(params))
 
 
-@functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum", "keep"))
-def _search_batches(loss_fn, geometry, params, fac, batches, rho, keys, n_iter: int, momentum: float, keep: bool):
+@functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum", "keep", "n_restarts"))
+def _search_batches(
+    loss_fn, geometry, params, fac, batches, rho, keys, n_iter: int, momentum: float, keep: bool, n_restarts: int
+):
     # the base-point factorization ``fac`` is computed once, outside the loop over batches
     return jax.lax.map(
-        lambda kb: _auto_pgd(loss_fn, geometry, params, fac, kb[1], rho, kb[0], n_iter, momentum, keep),
+        lambda kb: _auto_pgd(loss_fn, geometry, params, fac, kb[1], rho, kb[0], n_iter, momentum, keep, n_restarts),
         (keys, batches),
     )
 
@@ -714,8 +779,11 @@ def _check_params(params: PyTree, batches: PyTree, who: str) -> None:
     check_finite(batches, f"{who}: batches", hint="Remove or fix the non-finite inputs.")
 
 
-def _over_batches(loss_fn, geometry, params, batches, rho, key, n_iter, momentum, keep, who) -> SharpnessResult:
+def _over_batches(
+    loss_fn, geometry, params, batches, rho, key, n_iter, momentum, keep, who, n_restarts
+) -> SharpnessResult:
     n = _check_common(rho, batches, n_iter)
+    _check_restarts(n_restarts)
     eager = is_concrete(params, batches, rho, key)
     if eager:
         _check_params(params, batches, who)
@@ -723,7 +791,8 @@ def _over_batches(loss_fn, geometry, params, batches, rho, key, n_iter, momentum
     if eager:  # before the (expensive) search
         _raise_if_pair_singular(who, geometry, fac)
     values, finite, perts = _search_batches(
-        loss_fn, geometry, params, fac, batches, rho, jax.random.split(key, n), n_iter, momentum, bool(keep)
+        loss_fn, geometry, params, fac, batches, rho, jax.random.split(key, n), n_iter, momentum, bool(keep),
+        int(n_restarts),
     )
     pairs_ok = jnp.all(jnp.stack([jnp.all(f.ok) for f in fac])) if fac else jnp.asarray(True)
     status = _status(pairs_ok, finite)
@@ -765,6 +834,7 @@ def adaptive_sharpness(
     momentum: float = 0.75,
     spec: SymmetrySpec | None = None,
     return_perturbation: bool = False,
+    n_restarts: int = N_RESTARTS,
 ) -> SharpnessResult:
     r"""Adaptive sharpness: worst case by Auto-PGD, or the average case :math:`\mathbb E_{z\sim\mathcal N(0,\rho^2 I)}L(w + |w|\odot z) - L(w)`.
 
@@ -790,6 +860,14 @@ def adaptive_sharpness(
         every leaf element-wise.
     return_perturbation
         Keep the maximizing perturbation of every batch (a full copy of the weights per batch).
+    n_restarts
+        Worst case only: at most this many further Auto-PGD runs of ``n_iter`` iterations after the
+        first, each from the antipode of the previous run's best point, keeping the best point of
+        all; they stop once two runs in a row raised the best value by less than 0.1 % of the
+        sharpness, so a call costs ``n_iter + 1`` loss gradients per run, for between
+        ``min(3, n_restarts + 1)`` and ``n_restarts + 1`` runs.  ``0`` is the single run of Croce & Hein (2020), as before this
+        option existed; the default reaches >= 0.999 of the exact maximum on chapter 6's diagonal
+        networks, where a single run of 20 iterations reaches 0.77 to 1.
 
     Returns
     -------
@@ -824,7 +902,7 @@ def adaptive_sharpness(
     geometry = _Geometry(spec, adaptive=True)
     if kind == "worst":
         return _over_batches(
-            loss_fn, geometry, params, batches, rho, key, n_iter, momentum, return_perturbation, who
+            loss_fn, geometry, params, batches, rho, key, n_iter, momentum, return_perturbation, who, n_restarts
         )
     if kind != "average":
         raise GeometryError(f"adaptive_sharpness: kind must be 'worst' or 'average', got {kind!r}.")
@@ -852,6 +930,7 @@ def geodesic_sharpness(
     n_iter: int = 20,
     momentum: float = 0.75,
     return_perturbation: bool = False,
+    n_restarts: int = N_RESTARTS,
 ) -> SharpnessResult:
     r"""Worst-case geodesic sharpness on the quotient by the spec's symmetries (da Silva et al. 2025, eq. 8, Algorithm 1).
 
@@ -864,7 +943,9 @@ def geodesic_sharpness(
 
     The metric at the base point is factored once per call (thin SVDs of every pair's sides, at
     ``"highest"`` matmul precision, shared by all batches); the search itself runs at the caller's
-    precision for the loss and ``"highest"`` for the geometry.
+    precision for the loss and ``"highest"`` for the geometry.  ``n_iter``, ``momentum``,
+    ``return_perturbation`` and ``n_restarts`` (antipodal restarts of the ascent) are as in
+    :func:`adaptive_sharpness`.
 
     Returns
     -------
@@ -900,7 +981,7 @@ def geodesic_sharpness(
     who = "geodesic_sharpness"
     _check_spec(spec, params, who)
     return _over_batches(
-        loss_fn, _Geometry(spec), params, batches, rho, key, n_iter, momentum, return_perturbation, who
+        loss_fn, _Geometry(spec), params, batches, rho, key, n_iter, momentum, return_perturbation, who, n_restarts
     )
 
 

@@ -187,3 +187,9 @@ def test_chapter_has_a_guarded_interactive_figure(nb):
 def test_build_and_tests_run_notebooks_in_batch_mode():
     for script in ("build_book.sh", "test.sh"):
         assert "MINIGEO_BOOK_BATCH=1" in (ROOT / "scripts" / script).read_text()
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_cell_ids_are_unique(nb):
+    ids = [c.get("id") for c in json.loads(nb.read_text())["cells"]]
+    assert len(ids) == len(set(ids)), f"{nb.name}: duplicate cell ids (nbformat renames them on read)"
