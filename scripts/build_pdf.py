@@ -2,8 +2,8 @@
 """Print the built HTML book to one PDF, offline.
 
 Every page of the table of contents is loaded from disk by Debian's ``chromium`` (headless), which
-runs the page's JavaScript (MathJax renders the math; widget views fall back to their embedded
-static state, and every widget has a static figure beside it) and prints it with the theme's print
+runs the page's JavaScript (MathJax renders the math; the chapters' sliders are skipped in batch
+execution, and the static figure beside each shows its settings) and prints it with the theme's print
 style (no navigation bars). The pages are joined in table-of-contents order with ``pypdf``, with one
 bookmark per page, into ``_build/html/geometry-of-parameter-spaces.pdf``, which the intro page
 links to. Nothing is downloaded.
@@ -13,7 +13,6 @@ Usage: ``python scripts/build_pdf.py [--build _build/html]``
 
 from __future__ import annotations
 
-import argparse
 import sys
 import tempfile
 from pathlib import Path
@@ -21,7 +20,7 @@ from pathlib import Path
 from pypdf import PdfReader, PdfWriter
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from check_rendered_book import ROOT, chromium, find_chromium, toc_pages  # noqa: E402
+from check_rendered_book import built_html_dir, chromium, find_chromium, toc_pages  # noqa: E402
 
 PDF_NAME = "geometry-of-parameter-spaces.pdf"
 
@@ -36,12 +35,8 @@ def page_title(html: Path) -> str:
 
 
 def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--build", default=str(ROOT / "_build" / "html"), help="the built HTML folder")
-    args = parser.parse_args()
-    html_dir = Path(args.build)
-    if not (html_dir / "index.html").exists():
-        print(f"build_pdf: {html_dir}/index.html is missing; build the book first.")
+    html_dir = built_html_dir(__doc__.splitlines()[0], "build_pdf")
+    if html_dir is None:
         return 1
     browser = find_chromium()
     writer = PdfWriter()

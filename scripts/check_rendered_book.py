@@ -284,13 +284,20 @@ def check_page(browser: str, html_dir: Path, page: str, shots: Path, profile: st
     return problems
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def built_html_dir(description: str, who: str) -> Path | None:
+    """The ``--build`` folder from the command line, or None (with a message) if it was not built."""
+    parser = argparse.ArgumentParser(description=description)
     parser.add_argument("--build", default=str(ROOT / "_build" / "html"), help="the built HTML folder")
-    args = parser.parse_args()
-    html_dir = Path(args.build)
+    html_dir = Path(parser.parse_args().build)
     if not (html_dir / "index.html").exists():
-        print(f"check_rendered_book: {html_dir}/index.html is missing; build the book first.")
+        print(f"{who}: {html_dir}/index.html is missing; build the book first.")
+        return None
+    return html_dir
+
+
+def main() -> int:
+    html_dir = built_html_dir(__doc__.splitlines()[0], "check_rendered_book")
+    if html_dir is None:
         return 1
     browser = find_chromium()
     shots = ROOT / "_build" / "smoke"
