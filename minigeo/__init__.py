@@ -21,6 +21,8 @@ Modules (floors: a module imports only from floors below it)
 * floor 3 :mod:`minigeo.sharpness`: adaptive and geodesic sharpness by Auto-PGD,
   symmetry specifications, Kendall's tau (chapters 6 and 7).
 * floor 1 :mod:`minigeo.parallel`: data parallelism with ``jax.sharding`` (chapter 7).
+* floor 1 :mod:`minigeo.stats`: Kendall's tau with bootstrap intervals and permutation
+  p-values (chapters 6 and 7).
 * floor 4 :mod:`minigeo.models` (imported as ``minigeo.models``, names not re-exported
   here): a vision transformer with its symmetry specification and timm converter, and
   training helpers (chapter 7).
@@ -34,7 +36,7 @@ Every module lists its public names in ``__all__``; this file re-exports them
 all (``minigeo.metrics.dense`` as ``dense_metric``, to keep the name unambiguous).
 """
 
-from . import coords, curvature, densities, metrics, natgrad, parallel, quotient, reparam, sharpness
+from . import coords, curvature, densities, metrics, natgrad, parallel, quotient, reparam, sharpness, stats
 from ._checks import GeometryError
 from .coords import *  # noqa: F403
 from .curvature import *  # noqa: F403
@@ -45,6 +47,7 @@ from .natgrad import *  # noqa: F403
 from .parallel import *  # noqa: F403
 from .quotient import *  # noqa: F403
 from .sharpness import *  # noqa: F403
+from .stats import *  # noqa: F403
 
 del dense  # noqa: F821  (re-exported as dense_metric)
 
@@ -66,6 +69,7 @@ __all__ = [
     *densities.__all__,
     *sharpness.__all__,
     *parallel.__all__,
+    *stats.__all__,
     "models",
     "assignments",
 ]
