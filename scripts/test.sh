@@ -8,11 +8,13 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
-# test-only extras: torch/torchvision/timm for the timm parity test of minigeo.models.vit
+# test-only extras: torch/torchvision/timm/open_clip_torch for the timm and OpenCLIP parity tests of
+# minigeo.models.vit
 .venv/bin/python -m pip install --quiet -r requirements-parity.txt
 # MINIGEO_BOOK_BATCH=1: the chapters' slider cells print a note instead of starting ipywidgets'
 # interact, which can deadlock a non-interactive notebook client (jupyter/nbclient#312)
-export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_BOOK_BATCH=1 MINIGEO_REQUIRE_TIMM=1
+export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_BOOK_BATCH=1 MINIGEO_REQUIRE_TIMM=1 \
+    MINIGEO_REQUIRE_OPEN_CLIP=1
 
 bash scripts/install_chromium.sh
 

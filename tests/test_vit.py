@@ -43,12 +43,15 @@ def naive_vit(params, images, c):
                 patch = images[b, i * p : (i + 1) * p, j * p : (j + 1) * p, :].reshape(
                     -1
                 )  # (kh, kw, c) order
-                tokens.append(patch @ P["patch_embed"]["kernel"] + P["patch_embed"]["bias"])
+                tokens.append(patch @ P["patch_embed"]["kernel"] + P["patch_embed"].get("bias", 0.0))
         z = np.stack(tokens) + P["pos_embed"]
 
         def ln(x, s, t):
             mu = x.mean(-1, keepdims=True)
             return (x - mu) / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + c.ln_eps) * s + t
+
+        if c.pre_norm:  # OpenCLIP's ln_pre
+            z = ln(z, P["ln_pre"]["scale"], P["ln_pre"]["bias"])
 
         for layer in range(c.depth):
             blk = jax.tree_util.tree_map(lambda x: x[layer], P["blocks"])
@@ -75,10 +78,13 @@ def naive_vit(params, images, c):
                 ln(z, blk["ln2"]["scale"], blk["ln2"]["bias"]) @ blk["mlp"]["fc1"]["kernel"]
                 + blk["mlp"]["fc1"]["bias"]
             )
-            y = 0.5 * y * (1 + erf(y / math.sqrt(2)))
+            if c.gelu == "quick":  # OpenAI CLIP's QuickGELU
+                y = y / (1 + np.exp(-1.702 * y))
+            else:
+                y = 0.5 * y * (1 + erf(y / math.sqrt(2)))
             z = z + y @ blk["mlp"]["fc2"]["kernel"] + blk["mlp"]["fc2"]["bias"]
         cls = ln(z, P["ln_final"]["scale"], P["ln_final"]["bias"])[0]
-        out.append(cls @ P["head"]["kernel"] + P["head"]["bias"])
+        out.append(cls @ P["head"]["kernel"] + P["head"].get("bias", 0.0))
     return np.stack(out)
 
 
@@ -88,6 +94,32 @@ def test_forward_matches_naive_implementation():
     np.testing.assert_allclose(
         mm.vit_apply(params, images, TOY), naive_vit(params, images, TOY), rtol=1e-10, atol=1e-12
     )
+
+
+# OpenCLIP's image tower: LayerNorm after the embedding, no patch or head bias, QuickGELU
+OPEN_CLIP_TOY = TOY._replace(
+    channels=3, num_classes=6, ln_eps=1e-5, gelu="quick", pre_norm=True, patch_bias=False, head_bias=False
+)
+
+
+def test_open_clip_switches_match_naive_implementation():
+    c = OPEN_CLIP_TOY
+    params = randomized_params(c, seed=7)
+    assert "ln_pre" in params and "bias" not in params["patch_embed"] and "bias" not in params["head"]
+    images = rng(8).normal(size=(3, 8, 8, 3))
+    want = naive_vit(params, images, c)
+    np.testing.assert_allclose(mm.vit_apply(params, images, c), want, rtol=1e-10, atol=1e-12)
+    d = c.width
+    assert mm.vit_num_params(c) == mm.vit_num_params(TOY._replace(channels=3, num_classes=6)) + 2 * d - d - 6
+    # each switch changes the function
+    for other in (c._replace(gelu="exact"), c._replace(ln_eps=1e-3)):
+        assert float(jnp.max(jnp.abs(mm.vit_apply(params, images, other) - want))) > 1e-4
+    no_pre = {k: v for k, v in params.items() if k != "ln_pre"}
+    assert float(jnp.max(jnp.abs(mm.vit_apply(no_pre, images, c._replace(pre_norm=False)) - want))) > 1e-3
+    # the defaults are timm's: a config built without the new fields is unchanged
+    assert (TOY.pre_norm, TOY.patch_bias, TOY.head_bias, TOY.gelu) == (False, True, True, "exact")
+    with pytest.raises(mg.GeometryError, match="'exact', 'tanh' or 'quick'"):
+        mm.init_vit(jax.random.PRNGKey(0), c._replace(gelu="quick_gelu"))
 
 
 def test_tanh_gelu_is_close_but_different():
@@ -470,3 +502,140 @@ def test_loader_reads_safetensors(tmp_path):
     (tmp_path / "bad.safetensors").write_bytes(b"\x00" * 16)
     with pytest.raises(mg.GeometryError, match="could not read"):
         mm.load_timm_checkpoint(tmp_path / "bad.safetensors")
+
+
+# ------------------------------------------------------------------ OpenCLIP checkpoints
+
+
+def to_open_clip_state_dict(params, c):
+    """Write minigeo's layout in OpenCLIP's VisionTransformer names (model.visual.state_dict())."""
+    P = jax.tree_util.tree_map(np.asarray, params)
+    d, p, C = c.width, c.patch_size, c.channels
+    sd = {
+        "class_embedding": P["cls_token"],
+        "positional_embedding": P["pos_embed"],
+        "proj": P["head"]["kernel"],
+        "conv1.weight": P["patch_embed"]["kernel"].reshape(p, p, C, d).transpose(3, 2, 0, 1),
+        "ln_post.weight": P["ln_final"]["scale"],
+        "ln_post.bias": P["ln_final"]["bias"],
+    }
+    if c.pre_norm:
+        sd["ln_pre.weight"], sd["ln_pre.bias"] = P["ln_pre"]["scale"], P["ln_pre"]["bias"]
+    fused = lambda W: np.concatenate([w.T for w in W], axis=0)  # heads of (d, dh) -> (d, d) rows
+    for i in range(c.depth):
+        b = jax.tree_util.tree_map(lambda x: x[i], P["blocks"])
+        a, pre = b["attn"], f"transformer.resblocks.{i}."
+        sd[pre + "attn.in_proj_weight"] = np.concatenate([fused(a["W_q"]), fused(a["W_k"]), fused(a["W_v"])])
+        sd[pre + "attn.in_proj_bias"] = np.concatenate([a[n].reshape(-1) for n in ("b_q", "b_k", "b_v")])
+        sd[pre + "attn.out_proj.weight"] = np.concatenate(list(a["W_o"]), axis=1)
+        sd[pre + "attn.out_proj.bias"] = a["b_o"]
+        for ours, theirs in (("ln1", "ln_1"), ("ln2", "ln_2")):
+            sd[pre + theirs + ".weight"], sd[pre + theirs + ".bias"] = b[ours]["scale"], b[ours]["bias"]
+        for ours, theirs in (("fc1", "c_fc"), ("fc2", "c_proj")):
+            sd[pre + f"mlp.{theirs}.weight"] = b["mlp"][ours]["kernel"].T
+            sd[pre + f"mlp.{theirs}.bias"] = b["mlp"][ours]["bias"]
+    return sd
+
+
+def _open_clip_sd(pre_norm=True):
+    c = OPEN_CLIP_TOY._replace(pre_norm=pre_norm)
+    params = randomized_params(c, seed=9)
+    return c, params, to_open_clip_state_dict(params, c)
+
+
+def test_open_clip_converter_inverts_the_layout():
+    c, params, sd = _open_clip_sd()
+    assert len(sd) == 8 + 12 * c.depth
+    back, cfg = mm.vit_from_open_clip(sd, act="quick_gelu", heads=3, dtype=jnp.float64)
+    assert cfg == c
+    _assert_same_params(back, params)
+    assert len(mm.vit_symmetry_spec(back).pairs) == 2
+    # a full CLIP state dict: the image tower under "visual.", the text tower (same names) ignored
+    text = {
+        k: np.zeros(1) for k in ("positional_embedding", "transformer.resblocks.0.ln_1.weight", "logit_scale")
+    }
+    full = {**text, **{f"visual.{k}": v for k, v in sd.items()}, "text_projection": np.ones((4, 6))}
+    for wrapped in (
+        full,
+        {f"module.{k}": v for k, v in full.items()},  # DistributedDataParallel
+        {"epoch": 3, "name": "run", "state_dict": {f"module.{k}": v for k, v in full.items()}},  # OpenCLIP's
+    ):
+        back, cfg = mm.vit_from_open_clip(wrapped, act="quick_gelu", heads=3, dtype=jnp.float64)
+        assert cfg == c
+        _assert_same_params(back, params)
+    # act, eps, heads: not in the state dict, from the arguments; heads default width // 64
+    _, cfg = mm.vit_from_open_clip(sd, act="gelu", ln_eps=1e-6, heads=np.int64(4))
+    assert (cfg.gelu, cfg.ln_eps, cfg.heads) == ("exact", 1e-6, 4)
+    with pytest.raises(mg.GeometryError, match="width 12 is not divisible by heads=0"):
+        mm.vit_from_open_clip(sd, act="gelu")  # 12 // 64 = 0
+    # a tower built with no_ln_pre has no ln_pre keys: pre_norm is off
+    c0, params0, sd0 = _open_clip_sd(pre_norm=False)
+    back0, cfg0 = mm.vit_from_open_clip(sd0, act="quick_gelu", heads=3, dtype=jnp.float64)
+    assert cfg0 == c0 and not cfg0.pre_norm and "ln_pre" not in back0
+    _assert_same_params(back0, params0)
+
+
+def test_open_clip_converter_names_missing_and_unexpected_keys():
+    _, _, sd = _open_clip_sd()
+    broken = dict(sd)
+    del broken["transformer.resblocks.1.mlp.c_proj.bias"], broken["ln_pre.bias"]
+    broken["transformer.resblocks.0.ls_1.gamma"] = np.ones(12)  # LayerScale
+    broken["attn_pool.query"] = np.ones((4, 12))  # CoCa's attentional pooler
+    with pytest.raises(ValueError) as err:  # a GeometryError
+        mm.vit_from_open_clip(broken, act="gelu", heads=3)
+    msg = str(err.value)
+    assert "missing keys (2): ['ln_pre.bias', 'transformer.resblocks.1.mlp.c_proj.bias']" in msg
+    assert "unexpected keys (2): ['attn_pool.query', 'transformer.resblocks.0.ls_1.gamma']" in msg
+    assert (
+        "an attentional pooler" in msg
+        and "LayerScale" in msg
+        and "OpenCLIP's VisionTransformer layout" in msg
+    )
+    with pytest.raises(mg.GeometryError, match=r"no transformer.resblocks"):
+        mm.vit_from_open_clip({k: v for k, v in sd.items() if "resblocks" not in k}, act="gelu", heads=3)
+
+
+def test_open_clip_converter_rejects_other_checkpoints_and_settings():
+    _, _, sd = _open_clip_sd()
+    _, _, timm_sd = _timm_sd()
+    with pytest.raises(mg.GeometryError, match="not an OpenCLIP VisionTransformer state dict"):
+        mm.vit_from_open_clip(timm_sd, act="gelu")
+    with pytest.raises(mg.GeometryError, match="ModifiedResNet"):
+        mm.vit_from_open_clip({"visual.layer1.0.conv1.weight": np.ones((2, 2, 1, 1))}, act="gelu")
+    with pytest.raises(mg.GeometryError, match="timm-backed tower"):
+        mm.vit_from_open_clip({"visual.trunk.cls_token": np.ones((1, 1, 2))}, act="gelu")
+    with pytest.raises(mg.GeometryError, match="act must be one of"):
+        mm.vit_from_open_clip(sd, act="relu", heads=3)
+    with pytest.raises(TypeError, match="act"):  # the activation is not in the weights: no default
+        mm.vit_from_open_clip(sd, heads=3)
+    with pytest.raises(mg.GeometryError, match="pool_type='avg' is not supported"):
+        mm.vit_from_open_clip(sd, act="gelu", heads=3, pool_type="avg")
+    with pytest.raises(mg.GeometryError, match="heads must be an integer"):
+        mm.vit_from_open_clip(sd, act="gelu", heads=3.0)
+    with pytest.raises(mg.GeometryError, match="square number of tokens"):  # 1 + 16 tokens -> 1 + 15
+        mm.vit_from_open_clip(
+            dict(sd, positional_embedding=sd["positional_embedding"][:-1]), act="gelu", heads=3
+        )
+    with pytest.raises(mg.GeometryError, match=r"4-D convolution kernel"):
+        mm.vit_from_open_clip(dict(sd, **{"conv1.weight": np.ones((12, 3, 2))}), act="gelu", heads=3)
+    with pytest.raises(mg.GeometryError, match="expected a state dict"):
+        mm.vit_from_open_clip([("proj", np.ones(3))], act="gelu")
+
+
+@pytest.mark.parametrize(
+    "key, shape, expected",
+    [
+        ("transformer.resblocks.0.attn.in_proj_weight", (30, 12), "(36, 12)"),
+        ("transformer.resblocks.1.attn.in_proj_bias", (12,), "(36,)"),
+        ("transformer.resblocks.0.attn.out_proj.weight", (12, 13), "(12, 12)"),
+        ("transformer.resblocks.1.mlp.c_proj.weight", (12, 17), "(12, 16)"),
+        ("class_embedding", (1, 12), "(12,)"),
+        ("ln_pre.weight", (13,), "(12,)"),
+        ("proj", (6,), "(12, 6)"),
+    ],
+)
+def test_open_clip_converter_reports_wrong_shapes(key, shape, expected):
+    _, _, sd = _open_clip_sd()
+    with pytest.raises(mg.GeometryError, match="do not fit the width") as err:
+        mm.vit_from_open_clip(dict(sd, **{key: np.ones(shape)}), act="gelu", heads=3)
+    assert f"{key} {shape} (expected {expected})" in str(err.value)

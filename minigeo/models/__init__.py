@@ -1,7 +1,8 @@
 """minigeo.models: the models of the capstone (chapter 7), in plain JAX.
 
 * :mod:`minigeo.models.vit`: a vision transformer from toy size to ViT-B/32 with per-head
-  attention weights, its GL(h) symmetry specification, and a converter from timm checkpoints.
+  attention weights, its GL(h) symmetry specification, and converters from timm and OpenCLIP
+  checkpoints.
 * :mod:`minigeo.models.training`: cross-entropy, error rate, optax steps and epochs.
 
 ``import minigeo.models as mm``; the names are also available as ``minigeo.models.<name>``.

@@ -1,4 +1,4 @@
-r"""A vision transformer in plain JAX, its GL(h) symmetry specification, and a timm converter (chapter 7).
+r"""A vision transformer in plain JAX, its GL(h) symmetry specification, timm and OpenCLIP converters (chapter 7).
 
 The model is functional: :func:`init_vit` returns a parameter pytree, :func:`vit_apply`
 maps ``(params, images)`` to logits.  Architecture (Dosovitskiy et al. 2021, timm's
@@ -7,6 +7,10 @@ position embeddings, ``depth`` pre-LayerNorm blocks of multi-head self-attention
 query/key/value biases) and a GELU MLP, a final LayerNorm and a linear head on the class
 token.  :func:`vit_b32_config` is ViT-B/32 (patch 32, 224², 12 layers, width 768, 12 heads
 of 64; 88,224,232 parameters, the same count as timm's ``vit_base_patch32_224``).
+Three config switches give OpenCLIP's image tower (:func:`vit_from_open_clip`): a LayerNorm
+after the embedding (``pre_norm``), no patch-embedding bias (``patch_bias=False``) and a
+bias-free projection as the head (``head_bias=False``), with QuickGELU (``gelu="quick"``) for
+OpenAI's CLIP weights.
 
 **Parameter layout.**  The blocks are stacked along a leading ``depth`` axis and run with
 ``lax.scan`` (one compiled block, whatever the depth).  The attention weights are stored
@@ -50,6 +54,7 @@ __all__ = [
     "vit_num_params",
     "vit_symmetry_spec",
     "vit_from_timm",
+    "vit_from_open_clip",
     "load_timm_checkpoint",
 ]
 
@@ -57,10 +62,18 @@ _ATTENTION_KEYS = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
 
 
 class ViTConfig(NamedTuple):
-    """Hyperparameters of a vision transformer (hashable: usable as a static argument).
+    r"""Hyperparameters of a vision transformer (hashable: usable as a static argument).
 
     ``gelu="exact"`` is the erf GELU of timm/ViT; ``"tanh"`` is its tanh approximation
-    (faster on CPU).  ``ln_eps`` is LayerNorm's epsilon (1e-6 in timm's ViTs).
+    (faster on CPU); ``"quick"`` is OpenAI CLIP's QuickGELU :math:`x\,\sigma(1.702\,x)`.
+    ``ln_eps`` is LayerNorm's epsilon (1e-6 in timm's ViTs, 1e-5 in OpenCLIP's).
+
+    The last three fields default to timm's ViT; OpenCLIP's image tower sets all three the other
+    way (see :func:`vit_from_open_clip`): ``pre_norm`` adds a LayerNorm (leaf ``ln_pre``) after the
+    class token and position embeddings, before the first block; ``patch_bias=False`` drops the
+    patch embedding's bias (OpenCLIP's ``conv1`` has none); ``head_bias=False`` makes the head a
+    bias-free projection of the final class token (OpenCLIP's ``proj``; ``num_classes`` is then its
+    output size, the embedding dimension).
 
     References
     ----------
@@ -85,6 +98,9 @@ class ViTConfig(NamedTuple):
     mlp_dim: int = 3072
     ln_eps: float = 1e-6
     gelu: str = "exact"
+    pre_norm: bool = False
+    patch_bias: bool = True
+    head_bias: bool = True
 
     @property
     def head_dim(self) -> int:
@@ -121,8 +137,8 @@ def _check_config(config: ViTConfig) -> None:
         )
     if config.width % config.heads:
         raise GeometryError(f"ViTConfig: width {config.width} must be divisible by heads {config.heads}.")
-    if config.gelu not in ("exact", "tanh"):
-        raise GeometryError(f"ViTConfig: gelu must be 'exact' or 'tanh', got {config.gelu!r}.")
+    if config.gelu not in ("exact", "tanh", "quick"):
+        raise GeometryError(f"ViTConfig: gelu must be 'exact', 'tanh' or 'quick', got {config.gelu!r}.")
 
 
 def init_vit(key: jax.Array, config: ViTConfig, dtype: Any = jnp.float32) -> PyTree:
@@ -170,7 +186,7 @@ def init_vit(key: jax.Array, config: ViTConfig, dtype: Any = jnp.float32) -> PyT
         "W_o": w((L, h, d, dh)),
         "b_o": zeros((L, d)),
     }
-    return {
+    params = {
         "patch_embed": {"kernel": w((patch_dim, d)), "bias": zeros((d,))},
         "cls_token": w((d,)),
         "pos_embed": w((c.num_patches + 1, d)),
@@ -186,6 +202,13 @@ def init_vit(key: jax.Array, config: ViTConfig, dtype: Any = jnp.float32) -> PyT
         "ln_final": layer_norm((d,)),
         "head": {"kernel": w((d, c.num_classes)), "bias": zeros((c.num_classes,))},
     }
+    if c.pre_norm:
+        params["ln_pre"] = layer_norm((d,))
+    if not c.patch_bias:
+        del params["patch_embed"]["bias"]
+    if not c.head_bias:
+        del params["head"]["bias"]
+    return params
 
 
 def vit_num_params(config: ViTConfig) -> int:
@@ -236,6 +259,9 @@ def vit_apply(params: PyTree, images: jax.Array, config: ViTConfig) -> jax.Array
     :math:`z_0 = [x_{\mathrm{cls}};\ \mathrm{patches}\,E + b_E] + E_{\mathrm{pos}}`, then per block
     :math:`z \leftarrow z + \mathrm{MHA}(\mathrm{LN}_1 z)`, :math:`z \leftarrow z + \mathrm{MLP}(\mathrm{LN}_2 z)`,
     and :math:`\mathrm{logits} = \mathrm{LN}(z)_{\mathrm{cls}} W_{\mathrm{head}} + b_{\mathrm{head}}`.
+    With ``config.pre_norm``, :math:`z_0` is replaced by :math:`\mathrm{LN}_{\mathrm{pre}}(z_0)`;
+    ``patch_bias=False`` drops :math:`b_E` and ``head_bias=False`` drops :math:`b_{\mathrm{head}}`
+    (OpenCLIP's image tower, whose outputs are the unnormalized image features).
 
     References
     ----------
@@ -261,13 +287,17 @@ def vit_apply(params: PyTree, images: jax.Array, config: ViTConfig) -> jax.Array
             f"last), got {images.shape}. For NCHW arrays (PyTorch), pass images.transpose(0, 2, 3, 1)."
         )
     dtype = params["pos_embed"].dtype
-    x = (
-        patchify(images.astype(dtype), c.patch_size) @ params["patch_embed"]["kernel"]
-        + params["patch_embed"]["bias"]
-    )
+    x = patchify(images.astype(dtype), c.patch_size) @ params["patch_embed"]["kernel"]
+    if c.patch_bias:
+        x = x + params["patch_embed"]["bias"]
     cls = jnp.broadcast_to(params["cls_token"], (x.shape[0], 1, c.width))
     x = jnp.concatenate([cls, x], axis=1) + params["pos_embed"]
-    gelu = lambda u: jax.nn.gelu(u, approximate=c.gelu == "tanh")
+    if c.pre_norm:
+        x = _layer_norm(x, params["ln_pre"], c.ln_eps)
+    if c.gelu == "quick":  # OpenAI CLIP's QuickGELU
+        gelu = lambda u: u * jax.nn.sigmoid(1.702 * u)
+    else:
+        gelu = lambda u: jax.nn.gelu(u, approximate=c.gelu == "tanh")
 
     def block(z, p):
         z = z + multi_head_attention(_layer_norm(z, p["ln1"], c.ln_eps), p["attn"])
@@ -277,7 +307,8 @@ def vit_apply(params: PyTree, images: jax.Array, config: ViTConfig) -> jax.Array
 
     x, _ = jax.lax.scan(block, x, params["blocks"])
     x = _layer_norm(x[:, 0], params["ln_final"], c.ln_eps)
-    return x @ params["head"]["kernel"] + params["head"]["bias"]
+    x = x @ params["head"]["kernel"]
+    return x + params["head"]["bias"] if c.head_bias else x
 
 
 def _attention_blocks(params: PyTree) -> list[tuple[Any, ...]]:
@@ -360,7 +391,10 @@ def _timm_keys(depth: int) -> list[str]:
 
 def _to_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor; no torch import needed
-        x = x.detach().cpu().numpy()
+        x = x.detach().cpu()
+        if str(x.dtype) == "torch.bfloat16":  # numpy has no bfloat16: widen (exactly) to float32
+            x = x.float()
+        x = x.numpy()
     return np.asarray(x)
 
 
@@ -380,7 +414,9 @@ def _few(keys: list[str], n: int = 8) -> str:
     return f"{list(keys[:n])}{f' ... and {len(keys) - n} more' if len(keys) > n else ''}"
 
 
-def _unwrap_state_dict(state_dict: Any, where: str) -> dict[str, Any]:
+def _unwrap_state_dict(
+    state_dict: Any, where: str, markers: tuple[str, ...] = ("patch_embed.proj.weight",)
+) -> dict[str, Any]:
     """The flat ``{name: tensor}`` dict inside a checkpoint: unwrap ``{'state_dict': ...}``/``{'model': ...}``
     (timm's and DeiT's training checkpoints) and strip a prefix every key shares (``module.`` from
     DistributedDataParallel, ``_orig_mod.`` from ``torch.compile``)."""
@@ -391,7 +427,7 @@ def _unwrap_state_dict(state_dict: Any, where: str) -> dict[str, Any]:
         )
     sd = dict(state_dict)
     for _ in range(3):  # nested wrappers, e.g. {'model': {'state_dict': ...}}
-        if "patch_embed.proj.weight" in sd:
+        if any(m in sd for m in markers):
             break
         inner = next((sd[k] for k in _WRAPPER_KEYS if isinstance(sd.get(k), Mapping)), None)
         if inner is None:
@@ -436,6 +472,85 @@ def _expected_timm_shapes(sd: Mapping[str, np.ndarray], depth: int) -> dict[str,
         for name, (w, b) in per_block.items():
             shapes[f"blocks.{i}.{name}.weight"], shapes[f"blocks.{i}.{name}.bias"] = w, b
     return shapes
+
+
+# minigeo's per-block leaves <- the checkpoint's per-block names ("{}" is the block index)
+_TIMM_BLOCK_NAMES = {
+    "ln1": "blocks.{}.norm1",
+    "qkv.weight": "blocks.{}.attn.qkv.weight",
+    "qkv.bias": "blocks.{}.attn.qkv.bias",
+    "out": "blocks.{}.attn.proj",
+    "ln2": "blocks.{}.norm2",
+    "fc1": "blocks.{}.mlp.fc1",
+    "fc2": "blocks.{}.mlp.fc2",
+}
+_OPEN_CLIP_BLOCK_NAMES = {
+    "ln1": "transformer.resblocks.{}.ln_1",
+    "qkv.weight": "transformer.resblocks.{}.attn.in_proj_weight",
+    "qkv.bias": "transformer.resblocks.{}.attn.in_proj_bias",
+    "out": "transformer.resblocks.{}.attn.out_proj",
+    "ln2": "transformer.resblocks.{}.ln_2",
+    "fc1": "transformer.resblocks.{}.mlp.c_fc",
+    "fc2": "transformer.resblocks.{}.mlp.c_proj",
+}
+
+
+def _convert_blocks(
+    sd: Mapping[str, np.ndarray], names: Mapping[str, str], depth: int, d: int, heads: int
+) -> dict[str, Any]:
+    """The stacked ``blocks`` subtree from torch-layout blocks (``nn.Linear`` weights are ``W^T``).
+
+    The fused (3d, d) query/key/value weight holds rows ``[q | k | v]`` in blocks of ``d``, head
+    ``i`` at rows ``i·dh … (i+1)·dh`` of each block (timm's ``attn.qkv`` and
+    ``nn.MultiheadAttention``'s ``in_proj_weight`` alike); the output projection's columns
+    ``i·dh … (i+1)·dh`` become ``W_o^i``.
+    """
+    dh = d // heads
+
+    def stack(name: str, fn=np.asarray) -> np.ndarray:
+        return np.stack([fn(sd[name.format(i)]) for i in range(depth)])
+
+    def qkv(which: int) -> tuple[np.ndarray, np.ndarray]:
+        def weight(wt):  # (3d, d) -> (heads, d_in, dh)
+            return wt[which * d : (which + 1) * d].reshape(heads, dh, d).transpose(0, 2, 1)
+
+        def bias(b):
+            return b[which * d : (which + 1) * d].reshape(heads, dh)
+
+        return stack(names["qkv.weight"], weight), stack(names["qkv.bias"], bias)
+
+    def ln(name: str) -> dict[str, np.ndarray]:
+        return {"scale": stack(names[name] + ".weight"), "bias": stack(names[name] + ".bias")}
+
+    def linear(name: str) -> dict[str, np.ndarray]:
+        return {"kernel": stack(names[name] + ".weight", np.transpose), "bias": stack(names[name] + ".bias")}
+
+    (Wq, bq), (Wk, bk), (Wv, bv) = qkv(0), qkv(1), qkv(2)
+    return {
+        "ln1": ln("ln1"),
+        "attn": {
+            "W_q": Wq,
+            "b_q": bq,
+            "W_k": Wk,
+            "b_k": bk,
+            "W_v": Wv,
+            "b_v": bv,
+            "W_o": stack(names["out"] + ".weight", lambda wt: wt.reshape(d, heads, dh).transpose(1, 0, 2)),
+            "b_o": stack(names["out"] + ".bias"),
+        },
+        "ln2": ln("ln2"),
+        "mlp": {"fc1": linear("fc1"), "fc2": linear("fc2")},
+    }
+
+
+def _checked_params(params: PyTree, config: ViTConfig, dtype: Any, where: str) -> tuple[PyTree, ViTConfig]:
+    """``(params as dtype, config)`` after checking the converted tree against :func:`init_vit`'s shapes."""
+    ref_shapes = jax.eval_shape(lambda k: init_vit(k, config), jax.random.PRNGKey(0))
+    got = jax.tree_util.tree_map(np.shape, params)
+    want = jax.tree_util.tree_map(lambda s: s.shape, ref_shapes)
+    if got != want:
+        raise GeometryError(f"{where}: converted shapes {got} differ from the config's {want}.")
+    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params), config
 
 
 def vit_from_timm(
@@ -555,26 +670,6 @@ def vit_from_timm(
         ln_eps=float(ln_eps),
         gelu=gelu,
     )
-    dh = d // heads
-    ref_shapes = jax.eval_shape(lambda k: init_vit(k, config), jax.random.PRNGKey(0))
-
-    def stack(fmt: str, fn) -> np.ndarray:
-        return np.stack([fn(sd[fmt.format(i)]) for i in range(depth)])
-
-    def qkv(which: int):
-        def weight(wt):  # (3d, d) -> (heads, d_in, dh)
-            return wt[which * d : (which + 1) * d].reshape(heads, dh, d).transpose(0, 2, 1)
-
-        def bias(b):
-            return b[which * d : (which + 1) * d].reshape(heads, dh)
-
-        return stack("blocks.{}.attn.qkv.weight", weight), stack("blocks.{}.attn.qkv.bias", bias)
-
-    (Wq, bq), (Wk, bk), (Wv, bv) = qkv(0), qkv(1), qkv(2)
-    ln = lambda name: {
-        "scale": stack(f"blocks.{{}}.{name}.weight", np.asarray),
-        "bias": stack(f"blocks.{{}}.{name}.bias", np.asarray),
-    }
     params = {
         "patch_embed": {
             "kernel": sd["patch_embed.proj.weight"].transpose(2, 3, 1, 0).reshape(p * p * C, d),
@@ -582,40 +677,325 @@ def vit_from_timm(
         },
         "cls_token": sd["cls_token"].reshape(d),
         "pos_embed": sd["pos_embed"].reshape(n_tokens, d),
-        "blocks": {
-            "ln1": ln("norm1"),
-            "attn": {
-                "W_q": Wq,
-                "b_q": bq,
-                "W_k": Wk,
-                "b_k": bk,
-                "W_v": Wv,
-                "b_v": bv,
-                "W_o": stack(
-                    "blocks.{}.attn.proj.weight", lambda wt: wt.reshape(d, heads, dh).transpose(1, 0, 2)
-                ),
-                "b_o": stack("blocks.{}.attn.proj.bias", np.asarray),
-            },
-            "ln2": ln("norm2"),
-            "mlp": {
-                "fc1": {
-                    "kernel": stack("blocks.{}.mlp.fc1.weight", np.transpose),
-                    "bias": stack("blocks.{}.mlp.fc1.bias", np.asarray),
-                },
-                "fc2": {
-                    "kernel": stack("blocks.{}.mlp.fc2.weight", np.transpose),
-                    "bias": stack("blocks.{}.mlp.fc2.bias", np.asarray),
-                },
-            },
-        },
+        "blocks": _convert_blocks(sd, _TIMM_BLOCK_NAMES, depth, d, heads),
         "ln_final": {"scale": sd["norm.weight"], "bias": sd["norm.bias"]},
         "head": {"kernel": sd["head.weight"].T, "bias": sd["head.bias"]},
     }
-    got = jax.tree_util.tree_map(np.shape, params)
-    want = jax.tree_util.tree_map(lambda s: s.shape, ref_shapes)
-    if got != want:
-        raise GeometryError(f"vit_from_timm: converted shapes {got} differ from the config's {want}.")
-    return jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), params), config
+    return _checked_params(params, config, dtype, "vit_from_timm")
+
+
+# ---------------------------------------------------------------------------
+# OpenCLIP checkpoints
+# ---------------------------------------------------------------------------
+_OPEN_CLIP_LAYOUT = (
+    "OpenCLIP's VisionTransformer layout (e.g. ViT-B-32's model.visual.state_dict()) is: conv1.weight "
+    "(d, C, p, p) without bias, class_embedding (d,), positional_embedding (1 + (image/patch)**2, d), "
+    "optionally ln_pre (d,), for every block i transformer.resblocks.{i}.ln_1 (d,), .attn.in_proj_weight "
+    "(3d, d) and .attn.in_proj_bias (3d,), .attn.out_proj (d, d), .ln_2 (d,), .mlp.c_fc (mlp, d), "
+    ".mlp.c_proj (d, mlp) (LayerNorms and Linears with .weight and .bias), then ln_post (d,) and proj "
+    "(d, embed_dim); a full CLIP state dict holds these under 'visual.'"
+)
+# unexpected keys that name an OpenCLIP option minigeo's ViT does not have
+_OPEN_CLIP_UNSUPPORTED = (
+    ("attn_pool", "an attentional pooler (CoCa, attentional_pool=True)"),
+    ("ls_1.gamma", "LayerScale (ls_init_value)"),
+    ("ls_2.gamma", "LayerScale (ls_init_value)"),
+    ("attn.ln_q", "query/key normalization (qk_norm)"),
+    ("attn.ln_k", "query/key normalization (qk_norm)"),
+    ("attn.logit_scale", "scaled cosine attention (scaled_cosine_attn)"),
+    ("attn.head_scale", "per-head scaling (scale_heads)"),
+    ("attn.ln_inner", "a LayerNorm inside attention (scale_attn_inner)"),
+    ("ln_attn", "a LayerNorm after attention (scale_attn)"),
+    ("mlp.ln", "a LayerNorm inside the MLP (scale_fc)"),
+)
+_OPEN_CLIP_ACTS = {"quick_gelu": "quick", "gelu": "exact", "gelu_tanh": "tanh"}
+
+
+def _open_clip_keys(depth: int, pre_norm: bool) -> list[str]:
+    keys = ["conv1.weight", "class_embedding", "positional_embedding"]
+    keys += ["ln_pre.weight", "ln_pre.bias"] if pre_norm else []
+    for i in range(depth):
+        for name in ("ln_1", "attn.out_proj", "ln_2", "mlp.c_fc", "mlp.c_proj"):
+            keys += [f"transformer.resblocks.{i}.{name}.weight", f"transformer.resblocks.{i}.{name}.bias"]
+        keys += [
+            f"transformer.resblocks.{i}.attn.in_proj_weight",
+            f"transformer.resblocks.{i}.attn.in_proj_bias",
+        ]
+    return keys + ["ln_post.weight", "ln_post.bias", "proj"]
+
+
+def _expected_open_clip_shapes(sd: Mapping[str, np.ndarray], depth: int) -> dict[str, tuple[int, ...]]:
+    """Every OpenCLIP key's shape implied by conv1 (d, C, p, p), positional_embedding, c_fc and proj."""
+    d, C, p, _ = sd["conv1.weight"].shape
+    pos = sd["positional_embedding"]
+    n_tokens = pos.shape[0] if pos.ndim >= 1 else 0
+    fc1 = sd.get("transformer.resblocks.0.mlp.c_fc.weight")
+    m = fc1.shape[0] if fc1 is not None and fc1.ndim >= 1 else 4 * d
+    proj = sd.get("proj")
+    e = proj.shape[-1] if proj is not None and proj.ndim >= 1 else 0
+    shapes = {
+        "conv1.weight": (d, C, p, p),
+        "class_embedding": (d,),
+        "positional_embedding": (n_tokens, d),
+        "ln_pre.weight": (d,),
+        "ln_pre.bias": (d,),
+        "ln_post.weight": (d,),
+        "ln_post.bias": (d,),
+        "proj": (d, e),
+    }
+    per_block = {
+        "ln_1.weight": (d,),
+        "ln_1.bias": (d,),
+        "attn.in_proj_weight": (3 * d, d),
+        "attn.in_proj_bias": (3 * d,),
+        "attn.out_proj.weight": (d, d),
+        "attn.out_proj.bias": (d,),
+        "ln_2.weight": (d,),
+        "ln_2.bias": (d,),
+        "mlp.c_fc.weight": (m, d),
+        "mlp.c_fc.bias": (m,),
+        "mlp.c_proj.weight": (d, m),
+        "mlp.c_proj.bias": (d,),
+    }
+    for i in range(depth):
+        for name, shape in per_block.items():
+            shapes[f"transformer.resblocks.{i}.{name}"] = shape
+    return shapes
+
+
+def vit_from_open_clip(
+    state_dict: Mapping[str, Any],
+    *,
+    act: str,
+    heads: int | None = None,
+    ln_eps: float = 1e-5,
+    pool_type: str = "tok",
+    dtype: Any = jnp.float32,
+) -> tuple[PyTree, ViTConfig]:
+    r"""Convert an OpenCLIP ``VisionTransformer`` (CLIP's image tower, e.g. ViT-B/32) to minigeo's layout.
+
+    ``vit_apply(params, images, config)`` then computes OpenCLIP's
+    ``model.encode_image(images)`` (unnormalized, ``normalize=False``; images channels last): the
+    patch convolution ``conv1`` (no bias), class token, position embeddings, the LayerNorm
+    ``ln_pre`` (``config.pre_norm``; absent from towers built with ``no_ln_pre``), the blocks, then
+    ``ln_post`` on the class token and the bias-free projection ``proj`` (d, embed_dim) as the head
+    (``config.head_bias=False``, ``config.num_classes = embed_dim``).  The packed
+    ``attn.in_proj_weight`` (3d, d) of ``nn.MultiheadAttention`` holds rows ``[q | k | v]`` in
+    blocks of ``d``, head ``i`` at rows ``i·dh … (i+1)·dh`` of each; it is split per head into
+    ``W_q, W_k, W_v`` (transposed: torch stores ``W^T``), ``attn.out_proj`` into ``W_o, b_o``, so
+    :func:`vit_symmetry_spec` names the GL(dh) query-key and value-output pairs of the result.
+
+    Depth, width, patch size, image size, MLP size and embedding size are read off the shapes,
+    and so is ``ln_pre``; the activation, the heads, LayerNorm's epsilon and the pooling are not
+    visible in a state dict and come from the arguments.
+
+    Parameters
+    ----------
+    state_dict
+        ``model.visual.state_dict()`` of an OpenCLIP model, or the full ``model.state_dict()``,
+        whose keys under ``visual.`` are taken (the text tower, ``logit_scale`` and the rest are
+        ignored).  Values may be numpy arrays or torch tensors (converted without importing torch;
+        bfloat16 is widened to float32).  A training checkpoint's wrapper (``{'state_dict': ...}``)
+        is unwrapped and a prefix shared by every key (``module.``) stripped.
+    act
+        The MLP's activation, which the weights do not record, so it must be given:
+        ``"quick_gelu"`` (:math:`x\,\sigma(1.702\,x)`) for OpenAI's CLIP weights
+        (``pretrained="openai"``, the ``-quickgelu`` model names, and fine-tunes of them),
+        ``"gelu"`` (exact erf, ``nn.GELU``) for OpenCLIP's own trainings (LAION, DataComp, ...),
+        whose model configs do not set ``quick_gelu``; ``"gelu_tanh"`` for ``act_kwargs``
+        ``{"approximate": "tanh"}``.
+    heads
+        Number of attention heads; by default ``width // 64`` (OpenCLIP's ``head_width`` default,
+        right for ViT-B/32: 768 / 64 = 12, B/16, L/14; ViT-H/14 has ``head_width`` 80, so pass
+        ``heads=16``).
+    ln_eps
+        LayerNorm epsilon (torch's default, used by OpenCLIP unless ``norm_kwargs`` says otherwise).
+    pool_type
+        OpenCLIP's ``vision_cfg.pool_type``: only ``"tok"`` (the class token, the default of every
+        OpenCLIP ViT but the CLIPA ones) is supported.  With ``"tok"``, ``final_ln_after_pool`` makes
+        no difference (LayerNorm acts on each token alone).
+    dtype
+        dtype of the returned parameters.
+
+    Returns
+    -------
+    (params, config)
+        minigeo's parameter pytree (:func:`init_vit`'s layout, with ``ln_pre`` and without the patch
+        and head biases) and its :class:`ViTConfig` (``pre_norm`` as read off the state dict,
+        ``patch_bias=False``, ``head_bias=False``, ``num_classes`` = embed_dim).
+
+    Raises
+    ------
+    GeometryError
+        (a ``ValueError``) If the state dict is not an OpenCLIP ViT image tower (e.g. a ResNet or
+        timm-trunk tower), keys are missing or unexpected (the message names them, and names the
+        OpenCLIP option that extra keys come from: attentional pooler, LayerScale, qk-norm, ...),
+        an array's shape does not fit the width, patch, MLP and embedding sizes read off the others,
+        the grid is not square, the width is not divisible by ``heads``, or ``act``/``pool_type``
+        is unsupported.
+
+    Notes
+    -----
+    OpenCLIP's zero-shot classifier is no parameter of the image tower: it is a matrix ``T`` of
+    (class, embed_dim) L2-normalized text embeddings (``model.encode_text`` of the class prompts,
+    averaged over templates and normalized again; ``open_clip.build_zero_shot_classifier``), and the
+    logits are ``logit_scale * normalize(features) @ T.T`` with ``logit_scale =
+    model.logit_scale.exp()`` (100 for trained CLIP models).  Append it to :func:`vit_apply` as in the
+    example; keep ``T`` out of ``params`` so that sharpness perturbs only the image tower.
+
+    References
+    ----------
+    No formula from the source papers: a checkpoint converter. da Silva, Dangel & Oore (2025),
+    *Hide & Seek*, Sec. 5.3.1, score 72 OpenCLIP ViT-B/32 fine-tunes. Taught in chapter 7,
+    *Capstone: geodesic sharpness of vision transformers*.
+
+    Examples
+    --------
+    A tiny random state dict in OpenCLIP's layout (with torch and open_clip installed, pass
+    ``open_clip.create_model("ViT-B-32", pretrained="openai").state_dict()`` and ``act="quick_gelu"``):
+
+    >>> import numpy as np, jax.numpy as jnp
+    >>> import minigeo.models as mm
+    >>> d, p, e, r = 16, 4, 8, np.random.default_rng(0)   # width, patch, embed_dim; 8x8 images
+    >>> shapes = {"conv1.weight": (d, 3, p, p), "class_embedding": (d,), "positional_embedding": (5, d),
+    ...           "ln_pre.weight": (d,), "ln_pre.bias": (d,), "ln_post.weight": (d,), "ln_post.bias": (d,),
+    ...           "proj": (d, e), "transformer.resblocks.0.attn.in_proj_weight": (3 * d, d),
+    ...           "transformer.resblocks.0.attn.in_proj_bias": (3 * d,)}
+    >>> for name, (n_out, n_in) in {"ln_1": (d, 0), "attn.out_proj": (d, d), "ln_2": (d, 0),
+    ...                             "mlp.c_fc": (4 * d, d), "mlp.c_proj": (d, 4 * d)}.items():
+    ...     shapes[f"transformer.resblocks.0.{name}.weight"] = (n_out, n_in) if n_in else (n_out,)
+    ...     shapes[f"transformer.resblocks.0.{name}.bias"] = (n_out,)
+    >>> sd = {"visual." + k: r.normal(size=s).astype(np.float32) for k, s in shapes.items()}
+    >>> params, config = mm.vit_from_open_clip(sd, act="quick_gelu", heads=2)
+    >>> config.num_classes, config.depth, config.heads, config.pre_norm, config.head_bias
+    (8, 1, 2, True, False)
+    >>> len(mm.vit_symmetry_spec(params).pairs)   # (q, k) and (v, o), batched over layers and heads
+    2
+    >>> images = jnp.zeros((5, 8, 8, 3))                # NHWC; OpenCLIP takes NCHW
+    >>> mm.vit_apply(params, images, config).shape      # = model.encode_image(images_nchw)
+    (5, 8)
+    >>> T = r.normal(size=(10, e)); T /= np.linalg.norm(T, axis=1, keepdims=True)  # 10 classes' prompts
+    >>> def zero_shot_logits(params, images, logit_scale=100.0):
+    ...     f = mm.vit_apply(params, images, config)
+    ...     return logit_scale * (f / jnp.linalg.norm(f, axis=-1, keepdims=True)) @ T.T
+    >>> zero_shot_logits(params, images).shape
+    (5, 10)
+    """
+    where = "vit_from_open_clip"
+    sd = _unwrap_state_dict(state_dict, where, markers=("conv1.weight", "visual.conv1.weight"))
+    if any(isinstance(k, str) and k.startswith("visual.") for k in sd):  # a full CLIP model
+        sd = {k[len("visual.") :]: v for k, v in sd.items() if isinstance(k, str) and k.startswith("visual.")}
+    if act not in _OPEN_CLIP_ACTS:
+        raise GeometryError(
+            f"{where}: act must be one of {sorted(_OPEN_CLIP_ACTS)}, got {act!r}: 'quick_gelu' for OpenAI's "
+            "CLIP weights and their fine-tunes, 'gelu' for OpenCLIP's own (LAION, DataComp) trainings."
+        )
+    if pool_type != "tok":
+        raise GeometryError(
+            f"{where}: pool_type={pool_type!r} is not supported: minigeo's ViT pools the class token "
+            "('tok', the default of OpenCLIP's ViTs). Average pooling (the CLIPA models) and 'none' are not."
+        )
+    if "conv1.weight" not in sd or "positional_embedding" not in sd:
+        hint = ""
+        if any(k.startswith("trunk.") for k in sd):
+            hint = " It looks like a timm-backed tower (visual.trunk.*), which this converter does not read."
+        elif any(k.startswith(("layer1.", "attnpool.")) for k in sd):
+            hint = " It looks like a ModifiedResNet tower (RN50 etc.), which is not a vision transformer."
+        raise GeometryError(
+            f"{where}: not an OpenCLIP VisionTransformer state dict (no 'conv1.weight' or 'positional_embedding', "
+            f"with or without the 'visual.' prefix); got {len(sd)} keys, {_few(sorted(sd), 12)}.{hint} "
+            f"{_OPEN_CLIP_LAYOUT}."
+        )
+    try:
+        sd = {k: _to_numpy(v) for k, v in sd.items()}
+    except Exception as err:
+        raise GeometryError(f"{where}: a value is not an array ({type(err).__name__}: {err}).") from err
+    not_arrays = [k for k, v in sd.items() if not np.issubdtype(v.dtype, np.number)]
+    if not_arrays:
+        raise GeometryError(
+            f"{where}: {len(not_arrays)} value(s) are not numeric arrays: {_few(not_arrays)}. {_OPEN_CLIP_LAYOUT}."
+        )
+    conv = sd["conv1.weight"]
+    if conv.ndim != 4 or conv.shape[2] != conv.shape[3]:
+        raise GeometryError(
+            f"{where}: conv1.weight has shape {conv.shape}, expected a 4-D convolution kernel (d, C, p, p) with "
+            f"square patches. {_OPEN_CLIP_LAYOUT}."
+        )
+    block_ids = [k.split(".")[2] for k in sd if k.startswith("transformer.resblocks.") and k.count(".") >= 3]
+    depth = 1 + max((int(i) for i in block_ids if i.isdigit()), default=-1)
+    pre_norm = "ln_pre.weight" in sd or "ln_pre.bias" in sd
+    expected = _open_clip_keys(depth, pre_norm)
+    missing = [k for k in expected if k not in sd]
+    unexpected = sorted(set(sd) - set(expected))
+    if depth == 0 or missing or unexpected:
+        features = sorted(
+            {what for k in unexpected for key, what in _OPEN_CLIP_UNSUPPORTED if f".{key}" in f".{k}"}
+        )
+        raise GeometryError(
+            f"{where}: the state dict does not match OpenCLIP's VisionTransformer layout"
+            + (" (no transformer.resblocks.* blocks)" if depth == 0 else "")
+            + ".\n"
+            f"  missing keys ({len(missing)}): {_few(missing)}\n"
+            f"  unexpected keys ({len(unexpected)}): {_few(unexpected)}\n"
+            + (
+                f"The unexpected keys come from OpenCLIP options minigeo's ViT lacks: {'; '.join(features)}.\n"
+                if features
+                else ""
+            )
+            + f"{_OPEN_CLIP_LAYOUT}."
+        )
+    want_shapes = _expected_open_clip_shapes(sd, depth)
+    wrong = [k for k in expected if tuple(sd[k].shape) != want_shapes[k]]
+    if wrong:
+        raise GeometryError(
+            f"{where}: {len(wrong)} array(s) have shapes that do not fit the width, patch, MLP and embedding sizes "
+            "read off conv1.weight, positional_embedding, transformer.resblocks.0.mlp.c_fc.weight and proj: "
+            + ", ".join(f"{k} {tuple(sd[k].shape)} (expected {want_shapes[k]})" for k in wrong[:6])
+            + (f" ... and {len(wrong) - 6} more" if len(wrong) > 6 else "")
+            + f". {_OPEN_CLIP_LAYOUT}."
+        )
+    d, C, p, _ = conv.shape
+    n_tokens, e = sd["positional_embedding"].shape[0], sd["proj"].shape[1]
+    grid = math.isqrt(max(n_tokens - 1, 0))
+    if heads is not None:  # a Python int, numpy integer or 0-d integer array
+        try:
+            heads = operator.index(heads)
+        except TypeError:
+            raise GeometryError(f"{where}: heads must be an integer, got {heads!r}.") from None
+    heads = d // 64 if heads is None else heads
+    if n_tokens < 2 or grid * grid != n_tokens - 1:
+        raise GeometryError(
+            f"{where}: positional_embedding {sd['positional_embedding'].shape} needs 1 + a square number of "
+            "tokens: minigeo's ViT takes square images (OpenCLIP's non-square image_size is not supported)."
+        )
+    if heads <= 0 or d % heads:
+        raise GeometryError(f"{where}: width {d} is not divisible by heads={heads}.")
+    config = ViTConfig(
+        image_size=grid * p,
+        patch_size=p,
+        channels=C,
+        num_classes=e,
+        width=d,
+        depth=depth,
+        heads=heads,
+        mlp_dim=sd["transformer.resblocks.0.mlp.c_fc.weight"].shape[0],
+        ln_eps=float(ln_eps),
+        gelu=_OPEN_CLIP_ACTS[act],
+        pre_norm=pre_norm,
+        patch_bias=False,
+        head_bias=False,
+    )
+    params = {
+        "patch_embed": {"kernel": conv.transpose(2, 3, 1, 0).reshape(p * p * C, d)},
+        "cls_token": sd["class_embedding"],
+        "pos_embed": sd["positional_embedding"],
+        "blocks": _convert_blocks(sd, _OPEN_CLIP_BLOCK_NAMES, depth, d, heads),
+        "ln_final": {"scale": sd["ln_post.weight"], "bias": sd["ln_post.bias"]},
+        "head": {"kernel": sd["proj"]},
+    }
+    if pre_norm:
+        params["ln_pre"] = {"scale": sd["ln_pre.weight"], "bias": sd["ln_pre.bias"]}
+    return _checked_params(params, config, dtype, where)
 
 
 def load_timm_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
