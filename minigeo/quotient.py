@@ -33,7 +33,7 @@ sides by thin SVDs, writes :math:`G = \hat G P^{1/2}` with
 :math:`Q^{1/2}P^{1/2} = W\Sigma Z^\top`, where it is diagonal with bounded coefficients
 :math:`\sigma_i\sigma_j/(\sigma_i^2+\sigma_j^2) \le \tfrac12`.  The condition number then enters
 once, through a final product with :math:`P^{1/2}`.  Rank is judged on the singular values of the
-sides relative to the dtype (``singular_value_cutoff``); a numerically rank-deficient pair
+sides relative to the dtype (``_singular_value_cutoff``); a numerically rank-deficient pair
 raises :class:`GeometryError` when the values are concrete.  All products run at
 ``"highest"`` matmul precision whatever the global default (TF32 on NVIDIA GPUs would otherwise
 cost three to four digits).
@@ -120,7 +120,7 @@ def _check_eps(eps) -> None:
             raise GeometryError(f"eps (the relaxation G^T G + eps I) must be a finite scalar >= 0, got {eps!r}.")
 
 
-def singular_value_cutoff(n: int, h: int, dtype) -> float:
+def _singular_value_cutoff(n: int, h: int, dtype) -> float:
     r"""Relative cut-off below which a side's singular values count as zero at this ``dtype``.
 
     :math:`10\sqrt{\max(n, h)}\,\varepsilon_{\mathrm{dtype}}`: the size of the round-off that a
@@ -131,7 +131,7 @@ def singular_value_cutoff(n: int, h: int, dtype) -> float:
     return 10.0 * math.sqrt(max(n, h)) * float(jnp.finfo(dtype).eps)
 
 
-class PairFrame(NamedTuple):
+class _PairFrame(NamedTuple):
     r"""Metric (15) at a pair ``(G, H)``, factored from the **sides** (one thin SVD each), never from their Gram matrices.
 
     With :math:`G = U S V^\top` and :math:`P = G^\top G + \epsilon I = V(S^2 + \epsilon)V^\top`,
@@ -146,7 +146,7 @@ class PairFrame(NamedTuple):
     :math:`P^{1/2}`), see :func:`horizontal_projection`.
 
     ``ok`` is ``True`` where both sides have full numerical rank at their dtype (the relaxed smallest
-    singular value above ``singular_value_cutoff * s_max``); ``cond`` is the larger of the two
+    singular value above ``_singular_value_cutoff * s_max``); ``cond`` is the larger of the two
     sides' (relaxed) condition numbers.  Both have the pair's batch (head) shape.
     """
 
@@ -175,7 +175,7 @@ def _side_factors(M: jax.Array, eps):
     V = Vt.T
     r_safe = jnp.where(r > 0, r, 1.0)
     c = s / r_safe
-    cutoff = singular_value_cutoff(n, h, M.dtype) * jnp.max(s)
+    cutoff = _singular_value_cutoff(n, h, M.dtype) * jnp.max(s)
     ok = jnp.all(jnp.isfinite(s)) & (jnp.min(r) > cutoff) & (jnp.min(r) > 0)
     cond = jnp.max(r) / jnp.maximum(jnp.min(r), jnp.finfo(M.dtype).tiny)
     return Qm @ ((U * c) @ Vt), (V * r) @ Vt, (V / r_safe) @ Vt, (V * (c * c)) @ Vt, ok, cond
@@ -191,19 +191,19 @@ def _frame_one(G: jax.Array, H: jax.Array, eps):
 
 
 @jax.jit
-def _pair_frame(G: jax.Array, H: jax.Array, eps: jax.Array) -> PairFrame:
-    return PairFrame(G, H, *_map_matrices(lambda g, hh: _frame_one(g, hh, eps), G, H))
+def _pair_frame(G: jax.Array, H: jax.Array, eps: jax.Array) -> _PairFrame:
+    return _PairFrame(G, H, *_map_matrices(lambda g, hh: _frame_one(g, hh, eps), G, H))
 
 
-def pair_frame(G: jax.Array, H: jax.Array, eps=0.0) -> PairFrame:
-    """Factor metric (15) at ``(G, H)`` from thin SVDs of the sides (see :class:`PairFrame`); batched over heads.
+def _factor_pair(G: jax.Array, H: jax.Array, eps=0.0) -> _PairFrame:
+    """Factor metric (15) at ``(G, H)`` from thin SVDs of the sides (see :class:`_PairFrame`); batched over heads.
 
     Compiled once per shape and dtype, so eager calls in a loop cost no more than the factorization."""
     _check_eps(eps)
     return _pair_frame(G, H, jnp.asarray(eps, G.dtype))
 
 
-def _raise_if_singular(f: PairFrame, who: str) -> None:
+def _raise_if_singular(f: _PairFrame, who: str) -> None:
     """Eagerly: raise if a pair is numerically rank deficient at its dtype (da Silva et al. 2025, Assumption 5.1)."""
     if not is_concrete(f.ok):
         return
@@ -215,13 +215,13 @@ def _raise_if_singular(f: PairFrame, who: str) -> None:
     n, m, h = f.G.shape[-2], f.H.shape[-2], f.G.shape[-1]
     raise GeometryError(
         f"{who}: the pair (G, H) is numerically rank deficient at {f.G.dtype} (batch index {bad}; "
-        f"condition number of a side {cond:.3g}, cut-off {1 / singular_value_cutoff(max(n, m), h, f.G.dtype):.3g}): "
+        f"condition number of a side {cond:.3g}, cut-off {1 / _singular_value_cutoff(max(n, m), h, f.G.dtype):.3g}): "
         "metric (15) needs full column rank h (da Silva et al. 2025, Assumption 5.1). Use the relaxation eps > 0 "
         "(e.g. eps=1e-6, App. G.2), float64, or a better-conditioned point."
     )
 
 
-def _whitened_projection(f: PairFrame, GtG: jax.Array, HtH: jax.Array):
+def _whitened_projection(f: _PairFrame, GtG: jax.Array, HtH: jax.Array):
     r"""Horizontal projection in whitened coordinates ``z = xi P^{-1/2}`` (G side), ``xi Q^{-1/2}`` (H side).
 
     For a whitened vector ``(gG, gH)``, ``GtG = Gn^T gG`` and ``HtH = Hn^T gH`` (h x h).  Returns the two h x h corrections ``(cG, cH)``:
@@ -242,14 +242,14 @@ def _whitened_projection(f: PairFrame, GtG: jax.Array, HtH: jax.Array):
     return f.Z @ _mT(Y) @ _mT(f.Z), f.W @ Yh @ _mT(f.W)
 
 
-def _frame(point: Pair, eps, who: str) -> PairFrame:
+def _frame(point: Pair, eps, who: str) -> _PairFrame:
     G, H = _check_pair(point)
-    f = pair_frame(G, H, eps)
+    f = _factor_pair(G, H, eps)
     _raise_if_singular(f, who)
     return f
 
 
-def _nan_unless_ok(f: PairFrame, out):
+def _nan_unless_ok(f: _PairFrame, out):
     """Under ``jit`` (no exception possible): NaN wherever the pair is numerically rank deficient,
     so that a meaningless number never passes for a result (eagerly, :func:`_raise_if_singular` raised)."""
     if isinstance(out, tuple):
@@ -257,7 +257,7 @@ def _nan_unless_ok(f: PairFrame, out):
     return jnp.where(jnp.all(f.ok), out, jnp.nan)
 
 
-def metric_with(f: PairFrame, eta: Pair, zeta: Pair) -> jax.Array:
+def _metric_with(f: _PairFrame, eta: Pair, zeta: Pair) -> jax.Array:
     """Metric (15) from a frame: the Frobenius product of the whitened vectors ``eta P^{-1/2}``, ``zeta P^{-1/2}``."""
     with jax.default_matmul_precision("highest"):
         a = jnp.sum((eta[0] @ f.P_mhalf) * (zeta[0] @ f.P_mhalf))
@@ -265,7 +265,7 @@ def metric_with(f: PairFrame, eta: Pair, zeta: Pair) -> jax.Array:
         return a + b
 
 
-def horizontal_with(f: PairFrame, xi: Pair) -> Pair:
+def _horizontal_with(f: _PairFrame, xi: Pair) -> Pair:
     """Horizontal projection from a frame, through the whitened coordinates (:func:`_whitened_projection`)."""
     with jax.default_matmul_precision("highest"):
         zG, zH = xi[0] @ f.P_mhalf, xi[1] @ f.Q_mhalf
@@ -273,7 +273,7 @@ def horizontal_with(f: PairFrame, xi: Pair) -> Pair:
         return xi[0] + f.Gn @ (cG @ f.P_half), xi[1] - f.Hn @ (cH @ f.Q_half)
 
 
-def christoffel_with(f: PairFrame, xi: Pair) -> Pair:
+def _christoffel_with(f: _PairFrame, xi: Pair) -> Pair:
     r"""Gamma(xi, xi) of eq. (43) from a frame: with :math:`z = \xi P^{-1/2}`, :math:`\Gamma_G = (\hat G z^\top z - z(z^\top\hat G + \hat G^\top z))P^{1/2}`."""
 
     def part(Mn, R, Rm, x):
@@ -310,7 +310,7 @@ def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str
     zG, zH = _check_like(point, zeta, "zeta")
     if kind == "inv":
         f = _frame((G, H), eps, "gl_metric")
-        return _nan_unless_ok(f, metric_with(f, (eG, eH), (zG, zH)))
+        return _nan_unless_ok(f, _metric_with(f, (eG, eH), (zG, zH)))
     if kind == "mix":
         f = _frame((G, H), eps, "gl_metric")
         with jax.default_matmul_precision("highest"):
@@ -390,7 +390,7 @@ def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     G, H = _check_pair(point)
     xG, xH = _check_like(point, xi, "xi")
     f = _frame((G, H), eps, "horizontal_projection")
-    out = _nan_unless_ok(f, horizontal_with(f, (xG, xH)))
+    out = _nan_unless_ok(f, _horizontal_with(f, (xG, xH)))
     check_finite(out, "horizontal_projection", hint="The pair is (nearly) rank deficient: use eps > 0.")
     return out
 
@@ -444,7 +444,7 @@ def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     G, H = _check_pair(point)
     xG, xH = _check_like(point, xi, "xi")
     f = _frame((G, H), eps, "christoffel_quadratic")
-    return _nan_unless_ok(f, christoffel_with(f, (xG, xH)))
+    return _nan_unless_ok(f, _christoffel_with(f, (xG, xH)))
 
 
 def geodesic_step(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:

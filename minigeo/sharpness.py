@@ -36,7 +36,7 @@ import numpy as np
 
 from ._checks import GeometryError, check_finite, is_concrete
 from ._tree import PyTree
-from .quotient import PairFrame, _raise_if_singular, _whitened_projection, pair_frame
+from .quotient import _factor_pair, _mT, _PairFrame, _raise_if_singular, _whitened_projection
 
 __all__ = [
     "SymmetrySpec",
@@ -309,10 +309,6 @@ class SharpnessResult(NamedTuple):
 # ---------------------------------------------------------------------------
 # the geometry of the perturbation, on flat lists of leaves
 # ---------------------------------------------------------------------------
-def _mT(x: jax.Array) -> jax.Array:
-    return jnp.swapaxes(x, -1, -2)
-
-
 def _highest(fn):
     """Run ``fn``'s products at "highest" matmul precision (traced once: no cost at run time)."""
 
@@ -418,10 +414,10 @@ class _Geometry:
         return [i for i in range(len(w)) if i not in self.paired]
 
     @_highest
-    def factors(self, w: list) -> list[PairFrame]:
+    def factors(self, w: list) -> list[_PairFrame]:
         """Per-pair factorizations of metric (15) at the base point, from thin SVDs of the sides
         (constant during the search, computed once per evaluation for all batches)."""
-        return [pair_frame(G, H, self.eps) for G, H in self.matrices(w)]
+        return [_factor_pair(G, H, self.eps) for G, H in self.matrices(w)]
 
     def shapes(self, w: list) -> list[tuple[int, ...]]:
         """The shapes of the parts: pair sides (bias rows included), GL(1) rates, other leaves."""

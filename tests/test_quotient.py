@@ -315,20 +315,20 @@ def test_singular_pair_rejected_ill_conditioned_accepted(dtype):
     big_xi = to(dtype, (r.normal(size=(769, 64)), r.normal(size=(769, 64))))
     assert np.isfinite(float(mg.gl_metric(big, big_xi, big_xi)))
     # the cut-off scales with the dtype
-    cut32 = mg.quotient.singular_value_cutoff(769, 64, jnp.float32)
-    cut64 = mg.quotient.singular_value_cutoff(769, 64, jnp.float64)
+    cut32 = mg.quotient._singular_value_cutoff(769, 64, jnp.float32)
+    cut64 = mg.quotient._singular_value_cutoff(769, 64, jnp.float64)
     assert 1e-5 < cut32 < 1e-4 and cut64 < 1e-12
 
 
 def test_jitted_frame_reports_rank_instead_of_raising():
     """Under jit the values are unknown at trace time: the frame carries ``ok`` and no error is raised."""
-    from minigeo.quotient import pair_frame
+    from minigeo.quotient import _factor_pair
 
     G = jnp.ones((4, 2))
     H = jnp.asarray(rng(42).normal(size=(3, 2)))
-    f = jax.jit(pair_frame)(G, H)
+    f = jax.jit(_factor_pair)(G, H)
     assert not bool(f.ok)
-    assert bool(jax.jit(pair_frame)(G + jnp.eye(4, 2), H).ok)
+    assert bool(jax.jit(_factor_pair)(G + jnp.eye(4, 2), H).ok)
     # the public functions cannot raise under jit: NaN for the rank-deficient head, never a number
     Gb = jnp.stack([G, G + jnp.eye(4, 2)])
     Hb = jnp.stack([H, H])
