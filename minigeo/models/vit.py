@@ -389,6 +389,18 @@ def _timm_keys(depth: int) -> list[str]:
     return keys + ["norm.weight", "norm.bias", "head.weight", "head.bias"]
 
 
+def _numeric_arrays(sd: dict, where: str, layout: str) -> dict:
+    """The state dict's values as numpy arrays; a GeometryError naming the keys whose values are not numeric arrays."""
+    try:
+        sd = {k: _to_numpy(v) for k, v in sd.items()}
+    except Exception as err:
+        raise GeometryError(f"{where}: a value is not an array ({type(err).__name__}: {err}).") from err
+    not_arrays = [k for k, v in sd.items() if not np.issubdtype(v.dtype, np.number)]
+    if not_arrays:
+        raise GeometryError(f"{where}: {len(not_arrays)} value(s) are not numeric arrays: {_few(not_arrays)}. {layout}.")
+    return sd
+
+
 def _to_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor; no torch import needed
         x = x.detach().cpu()
@@ -607,15 +619,7 @@ def vit_from_timm(
             "vit_from_timm: not a timm VisionTransformer state dict (no 'patch_embed.proj.weight' or 'pos_embed'); "
             f"got {len(sd)} keys, {_few(sorted(sd), 12)}. {_TIMM_LAYOUT}."
         )
-    try:
-        sd = {k: _to_numpy(v) for k, v in sd.items()}
-    except Exception as err:
-        raise GeometryError(f"vit_from_timm: a value is not an array ({type(err).__name__}: {err}).") from err
-    not_arrays = [k for k, v in sd.items() if not np.issubdtype(v.dtype, np.number)]
-    if not_arrays:
-        raise GeometryError(
-            f"vit_from_timm: {len(not_arrays)} value(s) are not numeric arrays: {_few(not_arrays)}. {_TIMM_LAYOUT}."
-        )
+    sd = _numeric_arrays(sd, "vit_from_timm", _TIMM_LAYOUT)
     if sd["patch_embed.proj.weight"].ndim != 4:
         raise GeometryError(
             f"vit_from_timm: patch_embed.proj.weight has shape {sd['patch_embed.proj.weight'].shape}, expected a "
@@ -906,15 +910,7 @@ def vit_from_open_clip(
             f"with or without the 'visual.' prefix); got {len(sd)} keys, {_few(sorted(sd), 12)}.{hint} "
             f"{_OPEN_CLIP_LAYOUT}."
         )
-    try:
-        sd = {k: _to_numpy(v) for k, v in sd.items()}
-    except Exception as err:
-        raise GeometryError(f"{where}: a value is not an array ({type(err).__name__}: {err}).") from err
-    not_arrays = [k for k, v in sd.items() if not np.issubdtype(v.dtype, np.number)]
-    if not_arrays:
-        raise GeometryError(
-            f"{where}: {len(not_arrays)} value(s) are not numeric arrays: {_few(not_arrays)}. {_OPEN_CLIP_LAYOUT}."
-        )
+    sd = _numeric_arrays(sd, where, _OPEN_CLIP_LAYOUT)
     conv = sd["conv1.weight"]
     if conv.ndim != 4 or conv.shape[2] != conv.shape[3]:
         raise GeometryError(
