@@ -397,8 +397,22 @@ def _numeric_arrays(sd: dict, where: str, layout: str) -> dict:
         raise GeometryError(f"{where}: a value is not an array ({type(err).__name__}: {err}).") from err
     not_arrays = [k for k, v in sd.items() if not np.issubdtype(v.dtype, np.number)]
     if not_arrays:
-        raise GeometryError(f"{where}: {len(not_arrays)} value(s) are not numeric arrays: {_few(not_arrays)}. {layout}.")
+        raise GeometryError(
+            f"{where}: {len(not_arrays)} value(s) are not numeric arrays: {_few(not_arrays)}. {layout}."
+        )
     return sd
+
+
+def _check_shapes(sd: dict, keys, want: dict, where: str, read_off: str, layout: str) -> None:
+    """A GeometryError listing the arrays whose shapes do not fit the sizes read off a few of them."""
+    wrong = [k for k in keys if tuple(sd[k].shape) != want[k]]
+    if wrong:
+        raise GeometryError(
+            f"{where}: {len(wrong)} array(s) have shapes that do not fit the {read_off}: "
+            + ", ".join(f"{k} {tuple(sd[k].shape)} (expected {want[k]})" for k in wrong[:6])
+            + (f" ... and {len(wrong) - 6} more" if len(wrong) > 6 else "")
+            + f". {layout}."
+        )
 
 
 def _to_numpy(x: Any) -> np.ndarray:
@@ -638,16 +652,14 @@ def vit_from_timm(
             "Variants with extra norms (e.g. CLIP's norm_pre or fc_norm), without a class token, or without a "
             f"classifier head (num_classes=0) are not supported. {_TIMM_LAYOUT}."
         )
-    want_shapes = _expected_timm_shapes(sd, depth)
-    wrong = [k for k in expected if tuple(sd[k].shape) != want_shapes[k]]
-    if wrong:
-        raise GeometryError(
-            f"vit_from_timm: {len(wrong)} array(s) have shapes that do not fit the width, patch and MLP sizes "
-            "read off patch_embed.proj.weight, pos_embed, blocks.0.mlp.fc1.weight and head.weight: "
-            + ", ".join(f"{k} {tuple(sd[k].shape)} (expected {want_shapes[k]})" for k in wrong[:6])
-            + (f" ... and {len(wrong) - 6} more" if len(wrong) > 6 else "")
-            + f". {_TIMM_LAYOUT}."
-        )
+    _check_shapes(
+        sd,
+        expected,
+        _expected_timm_shapes(sd, depth),
+        "vit_from_timm",
+        "width, patch and MLP sizes read off patch_embed.proj.weight, pos_embed, blocks.0.mlp.fc1.weight and head.weight",
+        _TIMM_LAYOUT,
+    )
     d, C, p, _ = sd["patch_embed.proj.weight"].shape
     n_tokens = sd["pos_embed"].shape[-2]
     grid = math.isqrt(n_tokens - 1)
@@ -940,16 +952,15 @@ def vit_from_open_clip(
             )
             + f"{_OPEN_CLIP_LAYOUT}."
         )
-    want_shapes = _expected_open_clip_shapes(sd, depth)
-    wrong = [k for k in expected if tuple(sd[k].shape) != want_shapes[k]]
-    if wrong:
-        raise GeometryError(
-            f"{where}: {len(wrong)} array(s) have shapes that do not fit the width, patch, MLP and embedding sizes "
-            "read off conv1.weight, positional_embedding, transformer.resblocks.0.mlp.c_fc.weight and proj: "
-            + ", ".join(f"{k} {tuple(sd[k].shape)} (expected {want_shapes[k]})" for k in wrong[:6])
-            + (f" ... and {len(wrong) - 6} more" if len(wrong) > 6 else "")
-            + f". {_OPEN_CLIP_LAYOUT}."
-        )
+    _check_shapes(
+        sd,
+        expected,
+        _expected_open_clip_shapes(sd, depth),
+        where,
+        "width, patch, MLP and embedding sizes read off conv1.weight, positional_embedding, "
+        "transformer.resblocks.0.mlp.c_fc.weight and proj",
+        _OPEN_CLIP_LAYOUT,
+    )
     d, C, p, _ = conv.shape
     n_tokens, e = sd["positional_embedding"].shape[0], sd["proj"].shape[1]
     grid = math.isqrt(max(n_tokens - 1, 0))
