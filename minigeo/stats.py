@@ -34,8 +34,10 @@ class RankCorrelation(NamedTuple):
     ----------
     tau : float
         The point estimate on the full sample.
-    ci_low, ci_high : float
-        The paired-bootstrap percentile interval at level ``confidence``.
+    ci_low : float
+        Lower end of the paired-bootstrap percentile interval at level ``confidence``.
+    ci_high : float
+        Upper end of that interval.
     p_value : float
         Two-sided permutation p-value of "no association" (:func:`kendall_tau_ci`), or the
         two-sided bootstrap p-value of "no difference" (:func:`kendall_tau_difference_ci`).
@@ -151,7 +153,7 @@ def kendall_tau_ci(
 
     Parameters
     ----------
-    x, y : sequence of float
+    x, y : array-like
         The two measurements of the same :math:`n \ge 4` models, finite, neither constant.
     confidence : float
         Level of the interval (default 0.95).
@@ -221,9 +223,9 @@ def kendall_tau_difference_ci(
 
     Parameters
     ----------
-    a, b : sequence of float
+    a, b : array-like
         Two measures (e.g. geodesic and adaptive sharpness) of the same :math:`n \ge 4` models.
-    y : sequence of float
+    y : array-like
         The target (e.g. the generalization gap).
     confidence, n_resamples, seed
         As in :func:`kendall_tau_ci`.
