@@ -415,6 +415,16 @@ def _check_shapes(sd: dict, keys, want: dict, where: str, read_off: str, layout:
         )
 
 
+def _heads_or_default(heads: Any, width: int, where: str) -> int:
+    """``heads`` as a Python int (a Python int, numpy integer or 0-d integer array), or ``width // 64`` when None."""
+    if heads is None:
+        return width // 64
+    try:
+        return operator.index(heads)
+    except TypeError:
+        raise GeometryError(f"{where}: heads must be an integer, got {heads!r}.") from None
+
+
 def _to_numpy(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):  # a torch tensor; no torch import needed
         x = x.detach().cpu()
@@ -663,12 +673,7 @@ def vit_from_timm(
     d, C, p, _ = sd["patch_embed.proj.weight"].shape
     n_tokens = sd["pos_embed"].shape[-2]
     grid = math.isqrt(n_tokens - 1)
-    if heads is not None:  # a Python int, numpy integer or 0-d integer array
-        try:
-            heads = operator.index(heads)
-        except TypeError:
-            raise GeometryError(f"vit_from_timm: heads must be an integer, got {heads!r}.") from None
-    heads = d // 64 if heads is None else heads
+    heads = _heads_or_default(heads, d, "vit_from_timm")
     if grid * grid != n_tokens - 1 or heads <= 0 or d % heads:
         raise GeometryError(
             f"vit_from_timm: pos_embed {sd['pos_embed'].shape} needs 1 + a square number of tokens and width {d} "
@@ -964,12 +969,7 @@ def vit_from_open_clip(
     d, C, p, _ = conv.shape
     n_tokens, e = sd["positional_embedding"].shape[0], sd["proj"].shape[1]
     grid = math.isqrt(max(n_tokens - 1, 0))
-    if heads is not None:  # a Python int, numpy integer or 0-d integer array
-        try:
-            heads = operator.index(heads)
-        except TypeError:
-            raise GeometryError(f"{where}: heads must be an integer, got {heads!r}.") from None
-    heads = d // 64 if heads is None else heads
+    heads = _heads_or_default(heads, d, where)
     if n_tokens < 2 or grid * grid != n_tokens - 1:
         raise GeometryError(
             f"{where}: positional_embedding {sd['positional_embedding'].shape} needs 1 + a square number of "
