@@ -113,6 +113,13 @@ def _tau_b(sx: np.ndarray, sy: np.ndarray) -> np.ndarray:
         return np.where(den > 0, num / np.where(den > 0, den, 1.0), np.nan)
 
 
+def _resample_chunks(rng: np.random.Generator, n: int, n_resamples: int):
+    """Bootstrap index arrays ``(b, n)`` (draws with replacement), ``n_resamples`` rows in all, in chunks
+    of at most 500 rows so that the pair signs of a chunk take at most 500 x n(n-1)/2 numbers."""
+    for start in range(0, int(n_resamples), 500):
+        yield rng.integers(0, n, size=(min(500, int(n_resamples) - start), n))
+
+
 def _percentile_ci(draws: np.ndarray, confidence: float) -> tuple[float, float]:
     draws = draws[np.isfinite(draws)]
     if draws.size < 100:
@@ -188,16 +195,14 @@ def kendall_tau_ci(
     xs, ys = _as_sample(x, "x"), _as_sample(y, "y")
     n = _check_samples({"x": xs, "y": ys})
     i, j = np.triu_indices(n, k=1)
-    tau = float(_tau_b(_pair_signs(xs, i, j), _pair_signs(ys, i, j)))
+    sx_obs = _pair_signs(xs, i, j)
+    tau = float(_tau_b(sx_obs, _pair_signs(ys, i, j)))
 
     rng = np.random.default_rng(seed)
     draws, exceed = [], 0
-    sx_obs = _pair_signs(xs, i, j)
-    for start in range(0, int(n_resamples), 500):  # chunks bound the memory at 500 x n(n-1)/2
-        b = min(500, int(n_resamples) - start)
-        idx = rng.integers(0, n, size=(b, n))
+    for idx in _resample_chunks(rng, n, n_resamples):
         draws.append(_tau_b(_pair_signs(xs[idx], i, j), _pair_signs(ys[idx], i, j)))
-        perm = rng.permuted(np.broadcast_to(ys, (b, n)), axis=1)
+        perm = rng.permuted(np.broadcast_to(ys, idx.shape), axis=1)
         exceed += int(np.sum(np.abs(_tau_b(sx_obs, _pair_signs(perm, i, j))) >= abs(tau) - 1e-12))
     lo, hi = _percentile_ci(np.concatenate(draws), confidence)
     p = (1 + exceed) / (int(n_resamples) + 1)
@@ -262,9 +267,7 @@ def kendall_tau_difference_ci(
 
     rng = np.random.default_rng(seed)
     draws = []
-    for start in range(0, int(n_resamples), 500):
-        m = min(500, int(n_resamples) - start)
-        idx = rng.integers(0, n, size=(m, n))
+    for idx in _resample_chunks(rng, n, n_resamples):
         sy_b = _pair_signs(yv[idx], i, j)
         draws.append(_tau_b(_pair_signs(av[idx], i, j), sy_b) - _tau_b(_pair_signs(bv[idx], i, j), sy_b))
     d = np.concatenate(draws)
