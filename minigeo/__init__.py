@@ -28,6 +28,9 @@ Modules (floors: a module imports only from floors below it)
   training helpers (chapter 7).
 * floor 4 :mod:`minigeo.assignments` (imported as ``minigeo.assignments``, names not
   re-exported here): automatic checks for the assignment notebooks of chapters 1, 4 and 6.
+* floor 4 :mod:`minigeo.operators`: curvature operators (Hessian, GGN, Fisher, empirical
+  Fisher) over whole datasets, batch by batch: products, one-pass Hutchinson, Lanczos
+  with the basis in host memory, progress bars (chapters 2 and 4).
 * floor 4 :mod:`minigeo.densities`: Lebesgue and volume-form densities, the
   Laplace evidence (dense and stochastic Lanczos quadrature), weight norm
   (chapter 5).
@@ -36,7 +39,7 @@ Every module lists its public names in ``__all__``; this file re-exports them
 all (``minigeo.metrics.dense`` as ``dense_metric``, to keep the name unambiguous).
 """
 
-from . import coords, curvature, densities, metrics, natgrad, parallel, quotient, reparam, sharpness, stats
+from . import coords, curvature, densities, metrics, natgrad, operators, parallel, quotient, reparam, sharpness, stats
 from ._checks import GeometryError
 from .coords import *  # noqa: F403
 from .curvature import *  # noqa: F403
@@ -44,6 +47,7 @@ from .densities import *  # noqa: F403
 from .metrics import *  # noqa: F403
 from .metrics import dense as dense_metric
 from .natgrad import *  # noqa: F403
+from .operators import *  # noqa: F403
 from .parallel import *  # noqa: F403
 from .quotient import *  # noqa: F403
 from .sharpness import *  # noqa: F403
@@ -67,6 +71,7 @@ __all__ = [
     *natgrad.__all__,
     *curvature.__all__,
     *densities.__all__,
+    *operators.__all__,
     *sharpness.__all__,
     *parallel.__all__,
     *stats.__all__,

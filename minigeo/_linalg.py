@@ -18,7 +18,7 @@ under ``jit``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple
+from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -394,3 +394,85 @@ def lanczos_tridiagonal(
 
     _, _, alphas, betas, _ = jax.lax.fori_loop(0, m, body, (Q, W, alphas, betas, scale0))
     return jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
+
+
+def lanczos_tridiagonal_offloaded(
+    apply_h: Callable[[jax.Array], jax.Array],
+    apply_ginv: Callable[[jax.Array], jax.Array] | None,
+    z: jax.Array,
+    m: int,
+    *,
+    key: jax.Array | None = None,
+    breakdown_tol: float | None = None,
+    steps: Callable[[range], Iterable[int]] = lambda r: r,
+) -> jax.Array:
+    """:func:`lanczos_tridiagonal` with the Krylov basis kept in host memory (a Python loop).
+
+    The same recurrence, breakdown test and restarts (the same random restart vectors for
+    the same ``key``), so both return the same ``T`` up to rounding.  The difference is
+    where the ``m x d`` basis lives and who drives the loop:
+
+    * :func:`lanczos_tridiagonal` keeps ``Q`` and ``W = G Q`` on the device (``2 m d``
+      numbers, ``m d`` when ``G = I`` is not stored twice by the caller) and runs as one
+      compiled ``fori_loop``; it needs ``apply_h`` to be traceable.
+    * this variant keeps them as NumPy arrays in host memory (``m d`` numbers, ``2 m d``
+      with a metric) and holds only ``O(d)`` on the device; each step copies two vectors
+      between host and device and reorthogonalizes on the host (``4 (i + 1) d`` flops at
+      step ``i``).  ``apply_h`` may be any Python function, e.g. a pass over a dataset.
+
+    ``apply_ginv=None`` is the Euclidean case (``W = Q``, stored once).  ``steps`` wraps
+    ``range(m)`` (e.g. in a progress bar).
+    """
+    d = z.shape[0]
+    if m > d:
+        raise GeometryError(f"lanczos_tridiagonal_offloaded: m = {m} steps exceed the dimension d = {d}.")
+    dtype = np.dtype(z.dtype)
+    eps = float(np.finfo(dtype).eps)
+    tol = float(breakdown_tol) if breakdown_tol is not None else 10.0 * float(np.sqrt(d)) * eps
+    key = jax.random.PRNGKey(0) if key is None else key
+    euclidean = apply_ginv is None
+
+    def ginv(x: np.ndarray) -> np.ndarray:
+        return x if euclidean else np.asarray(apply_ginv(jnp.asarray(x)), dtype=dtype)
+
+    Q = np.zeros((m, d), dtype=dtype)  # rows: the G-orthonormal basis q_i
+    W = Q if euclidean else np.zeros((m, d), dtype=dtype)  # rows: G q_i
+
+    def reorth(h: np.ndarray, n: int) -> np.ndarray:
+        for _ in range(2):  # full reorthogonalization, twice, against the n rows filled so far
+            h = h - W[:n].T @ (Q[:n] @ h)
+        return h
+
+    def restart(i: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+        r = reorth(np.asarray(jax.random.normal(jax.random.fold_in(key, i), (d,), dtype=dtype)), n)
+        v = ginv(r)
+        nr = np.sqrt(max(float(v @ r), 0.0))
+        nr = nr if nr > 0 else 1.0
+        return v / nr, r / nr
+
+    z = np.asarray(z, dtype=dtype)
+    q = ginv(z)
+    norm = np.sqrt(max(float(q @ z), 0.0))
+    Q[0], W[0] = (q / norm, z / norm) if norm > 0 else restart(m, 0)
+    alphas, betas, scale = np.zeros(m, dtype), np.zeros(m, dtype), 0.0
+    for i in steps(range(m)):
+        h = np.asarray(apply_h(jnp.asarray(Q[i])), dtype=dtype)  # = G (E q_i)
+        alpha = float(Q[i] @ h)
+        h = reorth(h, i + 1)
+        v = ginv(h)
+        beta = float(np.sqrt(max(float(v @ h), 0.0)))
+        if not (np.isfinite(alpha) and np.isfinite(beta)):
+            alphas[i], betas[i] = alpha, beta  # NaN propagates into T, as in lanczos_tridiagonal
+            alphas[i + 1 :] = np.nan
+            break
+        scale = max(scale, abs(alpha), beta)
+        alphas[i] = alpha
+        if i + 1 < m:
+            if beta <= tol * scale:  # breakdown: an invariant Krylov space; restart orthogonally
+                beta = 0.0
+                Q[i + 1], W[i + 1] = restart(i, i + 1)
+            else:
+                Q[i + 1], W[i + 1] = v / beta, h / beta
+        betas[i] = beta
+    T = np.diag(alphas) + np.diag(betas[:-1], 1) + np.diag(betas[:-1], -1)
+    return jnp.asarray(T)

@@ -35,7 +35,7 @@ from ._checks import (
     symmetry_rtol,
 )
 from ._linalg import lanczos_tridiagonal, solve_spd_cg
-from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
+from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, rademacher_like, ravel, tree_size
 from .metrics import Metric
 
 __all__ = [
@@ -308,28 +308,6 @@ def _metric_inverse(
     return lambda v: jax.tree_util.tree_map(lambda a, w: a / w, v, metric)
 
 
-def _rademacher_like(key: jax.Array, params: PyTree, num: int) -> PyTree:
-    """``num`` Rademacher probes shaped like ``params`` (stacked on a leading axis).
-
-    Each 32-bit random word supplies 32 signs, so the random-number generation
-    costs 1/32 of drawing one number per coordinate (it dominates the cost of
-    probing cheap models otherwise).
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(key, len(leaves))
-    shifts = jnp.arange(32, dtype=jnp.uint32)
-    probes = []
-    for k, x in zip(keys, leaves):
-        size = int(jnp.size(x))
-        words = jax.random.bits(k, (num, -(-size // 32)), dtype=jnp.uint32)
-        bits = (words[..., None] >> shifts) & jnp.uint32(1)
-        signs = (2 * bits.reshape(num, -1)[:, :size].astype(jnp.result_type(x)) - 1).reshape(
-            (num,) + jnp.shape(x)
-        )
-        probes.append(signs)
-    return jax.tree_util.tree_unflatten(treedef, probes)
-
-
 def trace_estimate(
     f: Callable[[PyTree], jax.Array],
     params: PyTree,
@@ -383,7 +361,7 @@ def trace_estimate(
     params = as_float_point(params, "params")
     check_finite(params, "params")
     apply_inverse = _metric_inverse(metric, params, tol, maxiter)
-    probes = _rademacher_like(key, params, num_probes)
+    probes = rademacher_like(key, params, num_probes)
 
     def one(z: PyTree) -> jax.Array:
         hz = hvp(f, params, z)

@@ -1,0 +1,569 @@
+r"""Curvature operators over whole datasets, applied batch by batch (floor 4, chapters 2 and 4).
+
+The curvature matrices of chapters 2 and 4 are averages over the training set,
+
+.. math:: M(\theta) = \frac1N \sum_{n=1}^N M_n(\theta), \qquad
+          M \in \{H,\ \text{GGN},\ F,\ \text{empirical } F\},
+
+and a dataset rarely fits in one batch.  A :class:`CurvatureOperator` is built once from
+a loss (or a model and a loss) and the parameters; its per-batch product is compiled
+once and takes the batch as an argument, so every batch of the same shape reuses the
+same program.  Over an iterable of batches of sizes :math:`n_b` (batch losses are
+means) the operator is :math:`\sum_b n_b M_b / \sum_b n_b`, the dataset mean whatever
+the batch sizes.  Hutchinson's trace needs **one** pass over the data (all probes are
+pushed through each batch together); Lanczos needs one pass per iteration and keeps its
+Krylov basis in host memory (``O(d)`` on the device).  Long passes show a progress bar
+(``progress=True``; off by default).
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._checks import GeometryError, as_float_point, check_finite, check_same_structure
+from ._linalg import lanczos_tridiagonal_offloaded
+from ._tree import PyTree, rademacher_like, ravel, tree_size
+from .curvature import MetricArg, _metric_inverse, hvp
+from .metrics import Likelihood, Metric, empirical_fisher, fisher, ggn
+
+__all__ = [
+    "Batches",
+    "batches_of",
+    "CurvatureOperator",
+    "hessian_operator",
+    "ggn_operator",
+    "fisher_operator",
+    "empirical_fisher_operator",
+]
+
+Batch = Any
+BatchSource = Union[Iterable[Batch], Callable[[], Iterable[Batch]]]
+
+
+# ---------------------------------------------------------------------------
+# batches and progress bars
+# ---------------------------------------------------------------------------
+class Batches(Sequence):
+    """An in-memory dataset cut into consecutive batches; re-iterable, with a length.
+
+    Parameters
+    ----------
+    data
+        A pytree of arrays with a common leading example axis, e.g. ``(inputs, labels)``.
+    batch_size
+        Examples per batch; the last batch holds the remainder unless ``drop_remainder``.
+    drop_remainder
+        Drop the last, smaller batch (one compiled program instead of two).
+
+    References
+    ----------
+    No formula from the source papers: the data side of :class:`CurvatureOperator`. Taught in
+    chapter 4, *Invariant Hessians*.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> b = mg.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 4)
+    >>> len(b), [x.shape[0] for x, _ in b]
+    (3, [4, 4, 2])
+    """
+
+    def __init__(self, data: PyTree, batch_size: int, drop_remainder: bool = False) -> None:
+        leaves = jax.tree_util.tree_leaves(data)
+        if not leaves or any(jnp.ndim(x) < 1 for x in leaves):
+            raise GeometryError("batches_of: data must be a pytree of arrays with a leading example axis.")
+        sizes = {int(jnp.shape(x)[0]) for x in leaves}
+        if len(sizes) != 1:
+            raise GeometryError(
+                f"batches_of: the arrays of data have different numbers of examples {sorted(sizes)}; "
+                "their leading axes must agree."
+            )
+        if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
+            raise GeometryError(f"batches_of: batch_size must be a positive int, got {batch_size!r}.")
+        self.data, self.batch_size = data, int(batch_size)
+        self.num_examples = sizes.pop()
+        full, rest = divmod(self.num_examples, self.batch_size)
+        self._len = full + (1 if rest and not drop_remainder else 0)
+        if self._len == 0:
+            raise GeometryError(
+                f"batches_of: no batch: {self.num_examples} examples, batch_size {batch_size} and "
+                "drop_remainder=True."
+            )
+
+    def __len__(self) -> int:
+        return self._len
+
+    def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
+        if not -self._len <= i < self._len:
+            raise IndexError(f"batch {i} of {self._len}")
+        start = (i % self._len) * self.batch_size
+        return jax.tree_util.tree_map(lambda x: x[start : start + self.batch_size], self.data)
+
+
+def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -> Batches:
+    """Cut an in-memory dataset into consecutive batches (see :class:`Batches`).
+
+    Parameters
+    ----------
+    data
+        A pytree of arrays with a common leading example axis.
+    batch_size
+        Examples per batch.
+    drop_remainder
+        Drop the last, smaller batch.
+
+    Returns
+    -------
+    Batches
+        A re-iterable sequence of batches (pytrees like ``data``).
+
+    Raises
+    ------
+    GeometryError
+        If the arrays disagree on the number of examples or ``batch_size`` is not positive.
+
+    References
+    ----------
+    No formula from the source papers: the data side of :class:`CurvatureOperator`. Taught in
+    chapter 4, *Invariant Hessians*.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> [int(x.sum()) for x in mg.batches_of(jnp.arange(5), 2)]
+    [1, 5, 4]
+    """
+    return Batches(data, batch_size, drop_remainder)
+
+
+def _progress(iterable: Iterable, progress: Any, desc: str, total: int | None = None) -> Iterable:
+    """Wrap ``iterable`` in a progress bar: ``progress`` False, True (tqdm) or a tqdm-like class."""
+    if progress is False or progress is None:
+        return iterable
+    if progress is True:
+        try:
+            from tqdm.std import tqdm as progress
+        except ImportError as e:  # pragma: no cover - tqdm is a dependency of minigeo
+            raise GeometryError("progress=True needs the tqdm package: pip install tqdm.") from e
+    if not callable(progress):
+        raise GeometryError(f"progress must be True, False or a tqdm-like class; got {progress!r}.")
+    if total is None and hasattr(iterable, "__len__"):
+        total = len(iterable)  # type: ignore[arg-type]
+    return progress(iterable, desc=desc, total=total)
+
+
+def _one_pass(batches: BatchSource) -> Iterable[Batch]:
+    return batches() if callable(batches) else batches
+
+
+def _many_passes(batches: BatchSource, who: str) -> Callable[[], Iterable[Batch]]:
+    """A function giving a fresh pass over the data; refuse one-shot iterators."""
+    if callable(batches):
+        return batches
+    if isinstance(batches, Iterator):
+        raise GeometryError(
+            f"{who} passes over the data several times, but got a one-shot iterator (a generator?). "
+            "Pass a list, mg.batches_of(data, batch_size), or a zero-argument function that returns a "
+            "fresh iterator (e.g. lambda: loader)."
+        )
+    return lambda: batches
+
+
+def _num_examples(batch: Batch, who: str) -> int:
+    leaves = jax.tree_util.tree_leaves(batch)
+    if not leaves or jnp.ndim(leaves[0]) < 1:
+        raise GeometryError(f"{who}: a batch must be a pytree of arrays with a leading example axis.")
+    n = int(jnp.shape(leaves[0])[0])
+    if n == 0:
+        raise GeometryError(f"{who}: a batch is empty; every batch needs at least one example.")
+    return n
+
+
+# ---------------------------------------------------------------------------
+# the operator
+# ---------------------------------------------------------------------------
+class CurvatureOperator:
+    r"""A curvature matrix of a loss averaged over a dataset, applied batch by batch.
+
+    Build it with :func:`hessian_operator`, :func:`ggn_operator`, :func:`fisher_operator`
+    or :func:`empirical_fisher_operator`.  Its per-batch products are compiled once per
+    operator (and per batch shape), with the parameters and the batch as arguments, so
+    neither a new batch nor :meth:`at` new parameters recompiles.
+
+    .. math:: M v = \frac{\sum_b n_b\, M_b v}{\sum_b n_b},
+
+    :math:`M_b` the matrix of batch :math:`b` (its loss a mean over its :math:`n_b`
+    examples).  The invariant endomorphism :math:`G^{-1}M` enters through the ``metric``
+    argument of :meth:`trace_estimate` and :meth:`top_eigenvalues` (``None``, a positive
+    diagonal pytree, or a :class:`~minigeo.Metric`, e.g. another operator's
+    :meth:`as_metric` on a fixed batch).
+
+    Parameters
+    ----------
+    batch_mv
+        ``batch_mv(params, v, batch)``, the product :math:`M_b v` on one batch.
+    params
+        The point :math:`\theta` (a pytree of floating arrays).
+    name
+        Shown in messages and progress bars.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1; Grosse (2022), CSC2541 lecture 3 (the GGN and
+    Fisher as dataset averages). Taught in chapter 4, *Invariant Hessians*.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X, y = jnp.eye(4), jnp.ones(4)
+    >>> H = mg.hessian_operator(lambda w, b: jnp.mean((b[0] @ w - b[1]) ** 2), jnp.zeros(4))
+    >>> H.dataset_mv(jnp.ones(4), mg.batches_of((X, y), 2))   # 2 X^T X / N = I / 2
+    Array([0.5, 0.5, 0.5, 0.5], dtype=float32)
+    """
+
+    def __init__(self, batch_mv: Callable[[PyTree, PyTree, Batch], PyTree], params: PyTree, name: str) -> None:
+        if not callable(batch_mv):
+            raise GeometryError(f"CurvatureOperator needs a callable batch_mv; got {type(batch_mv).__name__}.")
+        params = as_float_point(params, "params")
+        check_finite(params, "params")
+        self.params, self.name, self.batch_mv = params, name, batch_mv
+        self._mv = jax.jit(batch_mv)
+        self._terms = jax.jit(_probe_terms(batch_mv), static_argnames="batched")
+
+    def at(self, params: PyTree) -> "CurvatureOperator":
+        """The same operator at other parameters (same structure), reusing the compiled programs."""
+        check_same_structure(self.params, params, "params", "the operator's params")
+        new = object.__new__(CurvatureOperator)
+        new.__dict__.update(self.__dict__)
+        new.params = as_float_point(params, "params")
+        check_finite(new.params, "params")
+        return new
+
+    def __repr__(self) -> str:
+        return f"CurvatureOperator({self.name}, {tree_size(self.params)} parameters)"
+
+    # -- products -------------------------------------------------------------
+    def mv(self, v: PyTree, batch: Batch) -> PyTree:
+        """:math:`M_b v` on one batch (compiled once per batch shape)."""
+        check_same_structure(self.params, v, "v", "params")
+        _num_examples(batch, self.name)
+        return self._mv(self.params, v, batch)
+
+    def dataset_mv(self, v: PyTree, batches: BatchSource, *, progress: Any = False) -> PyTree:
+        r""":math:`Mv = \sum_b n_b M_b v / \sum_b n_b` over one pass of ``batches``.
+
+        ``batches`` is an iterable of batches, or a function returning one.
+        """
+        check_same_structure(self.params, v, "v", "params")
+        total, n = None, 0
+        for batch in _progress(_one_pass(batches), progress, f"{self.name} product"):
+            nb = _num_examples(batch, self.name)
+            out = jax.tree_util.tree_map(lambda x: nb * x, self._mv(self.params, v, batch))
+            total = out if total is None else jax.tree_util.tree_map(jnp.add, total, out)
+            n += nb
+        if total is None:
+            raise GeometryError(f"{self.name}: no batches: the dataset is empty.")
+        return jax.tree_util.tree_map(lambda x: x / n, total)
+
+    def as_metric(self, batch: Batch) -> Metric:
+        """This operator on one fixed batch, as a :class:`~minigeo.Metric` (e.g. the metric of :meth:`trace_estimate`)."""
+        _num_examples(batch, self.name)
+        return Metric(lambda params, v: self._mv(params, v, batch), f"{self.name} (one batch)")
+
+    # -- estimators ------------------------------------------------------------
+    def trace_estimate(
+        self,
+        key: jax.Array,
+        batches: BatchSource,
+        *,
+        metric: MetricArg = None,
+        num_probes: int = 10,
+        batched: str = "vmap",
+        tol: float = 1e-6,
+        maxiter: int | None = None,
+        progress: Any = False,
+    ) -> tuple[jax.Array, jax.Array]:
+        r"""Hutchinson estimate of :math:`\mathrm{tr}(G^{-1}M)` over the dataset, in **one** pass.
+
+        The probes :math:`z_p` (Rademacher, drawn with ``key``) and :math:`u_p = G^{-1}z_p`
+        are fixed before the pass; each batch adds :math:`n_b\,u_p^\top M_b z_p` for all
+        probes at once.  The probes are the ones :func:`~minigeo.trace_estimate` draws
+        with the same key, so for the Hessian on one batch both agree to rounding.
+        Returns ``(estimate, standard_error)``; the error is the probes' standard
+        deviation over :math:`\sqrt{\text{probes}}` (the data enter exactly).
+        """
+        if not (isinstance(num_probes, int) and num_probes >= 1):
+            raise GeometryError(f"trace_estimate: num_probes must be a positive int, got {num_probes!r}.")
+        if batched not in ("vmap", "map"):
+            raise GeometryError(f"trace_estimate: batched must be 'vmap' or 'map', got {batched!r}.")
+        probes = rademacher_like(key, self.params, num_probes)
+        apply_inverse = _metric_inverse(metric, self.params, tol, maxiter)
+        duals = jax.lax.map(apply_inverse, probes) if metric is not None else probes
+        values, n = None, 0
+        for batch in _progress(_one_pass(batches), progress, f"{self.name} trace"):
+            nb = _num_examples(batch, self.name)
+            vb = nb * self._terms(self.params, probes, duals, batch, batched=batched)
+            values = vb if values is None else values + vb
+            n += nb
+        if values is None:
+            raise GeometryError(f"{self.name}: no batches: the dataset is empty.")
+        values = values / n
+        check_finite(values, f"The {self.name} products", hint="The loss is not twice differentiable here, or overflowed.")
+        se = jnp.std(values, ddof=1) / jnp.sqrt(num_probes) if num_probes > 1 else jnp.asarray(jnp.inf, values.dtype)
+        return jnp.mean(values), se
+
+    def top_eigenvalues(
+        self,
+        key: jax.Array,
+        batches: BatchSource,
+        *,
+        k: int = 1,
+        metric: MetricArg = None,
+        num_iterations: int = 30,
+        tol: float = 1e-8,
+        maxiter: int | None = None,
+        progress: Any = False,
+    ) -> jax.Array:
+        r"""The ``k`` largest eigenvalues of :math:`G^{-1}M` over the dataset, by Lanczos.
+
+        The recurrence, reorthogonalization and breakdown restarts of
+        :func:`~minigeo.top_eigenvalues` (same start vector for the same key), with one pass
+        over the data per iteration and the ``num_iterations x d`` Krylov basis in host
+        memory: the device holds a few vectors of size ``d``, the host ``m d`` numbers
+        (``2 m d`` with a metric).  ``batches`` must allow several passes (a list,
+        :func:`batches_of`, or a function returning a fresh iterator).
+        """
+        fresh = _many_passes(batches, "top_eigenvalues")
+        d = tree_size(self.params)
+        m = min(num_iterations, d)
+        if not (isinstance(k, int) and 1 <= k <= m):
+            raise GeometryError(f"top_eigenvalues: k must be an int between 1 and num_iterations={m}; got {k!r}.")
+        flat0, unravel = ravel(self.params)
+        apply_inverse = _metric_inverse(metric, self.params, tol, maxiter)
+        apply_m = lambda v: ravel(self.dataset_mv(unravel(v), fresh()))[0]
+        apply_ginv = None if metric is None else (lambda v: ravel(apply_inverse(unravel(v)))[0])
+        T = lanczos_tridiagonal_offloaded(
+            apply_m,
+            apply_ginv,
+            jax.random.normal(key, (d,), dtype=flat0.dtype),
+            m,
+            key=jax.random.fold_in(key, 1),
+            steps=lambda r: _progress(r, progress, f"{self.name} Lanczos"),
+        )
+        ritz = jnp.linalg.eigvalsh(T)
+        check_finite(ritz, "The Lanczos Ritz values", hint=f"The {self.name} products are not finite.")
+        return ritz[::-1][:k]
+
+
+def _probe_terms(batch_mv: Callable) -> Callable:
+    """``(params, probes, duals, batch) -> (u_p^T M_b z_p)_p`` for stacked probes."""
+
+    def terms(params, probes, duals, batch, batched="vmap"):
+        def one(zu):
+            z, u = zu
+            mz = batch_mv(params, z, batch)
+            return sum(jnp.vdot(a, b) for a, b in zip(jax.tree_util.tree_leaves(u), jax.tree_util.tree_leaves(mz)))
+
+        return jax.vmap(one)((probes, duals)) if batched == "vmap" else jax.lax.map(one, (probes, duals))
+
+    return terms
+
+
+# ---------------------------------------------------------------------------
+# constructors
+# ---------------------------------------------------------------------------
+def _split(batch: Batch, who: str) -> tuple[Any, Any]:
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise GeometryError(f"{who}: a batch must be a pair (inputs, targets); got {type(batch).__name__}.")
+    return batch[0], batch[1]
+
+
+def hessian_operator(loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTree) -> CurvatureOperator:
+    r"""The Hessian :math:`H = \nabla^2_\theta \frac1N\sum_n \ell_n` of a loss over a dataset.
+
+    Parameters
+    ----------
+    loss_fn
+        ``loss_fn(params, batch)``, the **mean** loss over the batch (any pytree batch).
+    params
+        The point.
+
+    Returns
+    -------
+    CurvatureOperator
+        Products by forward-over-reverse differentiation (:func:`~minigeo.hvp`), one batch at a time.
+
+    Raises
+    ------
+    GeometryError
+        If ``params`` is empty, integer or not finite.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian as a bilinear form). Taught in
+    chapter 4, *Invariant Hessians*.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X = jnp.arange(12.0).reshape(6, 2)
+    >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean((x @ w) ** 2), jnp.zeros(2))
+    >>> H.dataset_mv(jnp.array([1.0, 0.0]), mg.batches_of(X, 4)), (X.T @ X / 6)[:, 0]
+    (Array([36.666668, 41.666668], dtype=float32), Array([36.666668, 41.666668], dtype=float32))
+    """
+    return CurvatureOperator(lambda p, v, batch: hvp(lambda q: loss_fn(q, batch), p, v), params, "Hessian")
+
+
+def ggn_operator(
+    model_fn: Callable[[PyTree, Any], jax.Array],
+    loss_fn: Callable[[jax.Array, Any], jax.Array],
+    params: PyTree,
+) -> CurvatureOperator:
+    r"""The generalized Gauss-Newton matrix :math:`\frac1N\sum_n J_n^\top \nabla^2_z\ell_n\, J_n` over a dataset.
+
+    Parameters
+    ----------
+    model_fn
+        ``model_fn(params, inputs) -> z``, outputs with a leading example axis.
+    loss_fn
+        ``loss_fn(z, targets)``, the **mean** loss over the batch.
+    params
+        The point.
+
+    Returns
+    -------
+    CurvatureOperator
+        Batches are pairs ``(inputs, targets)``; products as :func:`minigeo.metrics.ggn`.
+
+    Raises
+    ------
+    GeometryError
+        If a batch is not a pair, or ``params`` is empty, integer or not finite.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.4; Grosse (2022), CSC2541 lecture 3 (the GGN). Taught in
+    chapter 2, *Pullback metrics*.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X, y = jnp.eye(3), jnp.zeros(3)
+    >>> G = mg.ggn_operator(lambda w, x: x @ w, lambda z, t: jnp.mean((z - t) ** 2), jnp.ones(3))
+    >>> G.dataset_mv(jnp.ones(3), mg.batches_of((X, y), 2))   # 2 X^T X / N
+    Array([0.6666667, 0.6666667, 0.6666667], dtype=float32)
+    """
+
+    def mv(p, v, batch):
+        x, t = _split(batch, "ggn_operator")
+        return ggn(lambda q: model_fn(q, x), lambda z: loss_fn(z, t)).mv(p, v)
+
+    return CurvatureOperator(mv, params, "GGN")
+
+
+def fisher_operator(
+    model_fn: Callable[[PyTree, Any], jax.Array],
+    params: PyTree,
+    likelihood: Union[str, Likelihood] = "categorical",
+) -> CurvatureOperator:
+    r"""The Fisher information :math:`\frac1N\sum_n J_n^\top\,\mathbb E_{t\sim p(\cdot\mid z_n)}[g g^\top]\,J_n` over a dataset.
+
+    The exact output-space Fisher (no sampling), so it needs only the inputs; batches are
+    pairs ``(inputs, targets)`` like the other operators' and the targets are ignored.
+
+    Parameters
+    ----------
+    model_fn
+        ``model_fn(params, inputs) -> z`` (logits for ``"categorical"``, means for ``"gaussian"``).
+    params
+        The point.
+    likelihood
+        ``"categorical"``, ``"gaussian"`` or a :class:`~minigeo.Likelihood`.
+
+    Returns
+    -------
+    CurvatureOperator
+        Products as :func:`minigeo.metrics.fisher`, one batch at a time.
+
+    Raises
+    ------
+    GeometryError
+        If a batch is not a pair, the likelihood is unknown, or ``params`` is not a valid point.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.4; Grosse (2022), CSC2541 lecture 3 (the Fisher). Taught
+    in chapter 2, *Pullback metrics*.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> F = mg.fisher_operator(lambda w, x: x * w, jnp.zeros(2))   # logits x * w, p = (1/2, 1/2)
+    >>> F.dataset_mv(jnp.array([1.0, 0.0]), mg.batches_of((jnp.ones((3, 2)), jnp.zeros(3)), 2))
+    Array([ 0.25, -0.25], dtype=float32)
+    """
+    fisher(lambda q: q, likelihood)  # validate the likelihood eagerly
+
+    def mv(p, v, batch):
+        x, _ = _split(batch, "fisher_operator")
+        return fisher(lambda q: model_fn(q, x), likelihood).mv(p, v)
+
+    return CurvatureOperator(mv, params, "Fisher")
+
+
+def empirical_fisher_operator(
+    model_fn: Callable[[PyTree, Any], jax.Array],
+    per_example_loss_fn: Callable[[jax.Array, Any], jax.Array],
+    params: PyTree,
+) -> CurvatureOperator:
+    r"""The empirical Fisher :math:`\frac1N\sum_n J_n^\top g_n g_n^\top J_n` over a dataset, :math:`g_n = \nabla_{z_n}\ell_n`.
+
+    Parameters
+    ----------
+    model_fn
+        ``model_fn(params, inputs) -> z`` with a leading example axis.
+    per_example_loss_fn
+        ``per_example_loss_fn(z, targets) -> (n,)``, the unreduced losses.
+    params
+        The point.
+
+    Returns
+    -------
+    CurvatureOperator
+        Products as :func:`minigeo.metrics.empirical_fisher`, one batch at a time.
+
+    Raises
+    ------
+    GeometryError
+        If a batch is not a pair, the losses are not one per example, or ``params`` is not a valid point.
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 (empirical Fisher vs Fisher); Kunstner et al. (2019). Taught in
+    chapter 2, *Pullback metrics*.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X, y = jnp.array([[1.0], [2.0], [3.0]]), jnp.ones(3)
+    >>> EF = mg.empirical_fisher_operator(lambda w, x: x @ w, lambda z, t: 0.5 * (z - t) ** 2, jnp.zeros(1))
+    >>> EF.dataset_mv(jnp.ones(1), mg.batches_of((X, y), 2))   # mean of (x (w x - y))^2 = 14 / 3
+    Array([4.6666665], dtype=float32)
+    """
+
+    def mv(p, v, batch):
+        x, t = _split(batch, "empirical_fisher_operator")
+        return empirical_fisher(lambda q: model_fn(q, x), lambda z: per_example_loss_fn(z, t)).mv(p, v)
+
+    return CurvatureOperator(mv, params, "empirical Fisher")
