@@ -441,7 +441,7 @@ def ggn_operator(
     Returns
     -------
     CurvatureOperator
-        Batches are pairs ``(inputs, targets)``; products as :func:`minigeo.metrics.ggn`.
+        Batches are pairs ``(inputs, targets)``; products as :func:`minigeo.ggn`.
 
     Raises
     ------
@@ -492,7 +492,7 @@ def fisher_operator(
     Returns
     -------
     CurvatureOperator
-        Products as :func:`minigeo.metrics.fisher`, one batch at a time.
+        Products as :func:`minigeo.fisher`, one batch at a time.
 
     Raises
     ------
@@ -540,7 +540,7 @@ def empirical_fisher_operator(
     Returns
     -------
     CurvatureOperator
-        Products as :func:`minigeo.metrics.empirical_fisher`, one batch at a time.
+        Products as :func:`minigeo.empirical_fisher`, one batch at a time.
 
     Raises
     ------
