@@ -5,7 +5,8 @@ names are re-exported here; everything else is private and may change.
 
 Modules (floors: a module imports only from floors below it)
 
-* floor 1 ``_checks``, ``_tree``: validation and error messages, pytree helpers.
+* floor 1 ``_checks``, ``_tree``, ``_estimators``: validation and error messages, pytree helpers,
+  Rademacher probes and standard errors of the randomized estimators.
 * floor 1 ``_linalg``: Cholesky and conjugate-gradient solves with checks.
 * floor 2 :mod:`minigeo.coords`: reparametrizations, transformation rules, ♭/♯
   (chapter 1); :mod:`minigeo.reparam`: built-in reparametrizations;

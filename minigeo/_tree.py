@@ -12,7 +12,7 @@ from ._checks import GeometryError
 
 PyTree = Any
 
-__all__ = ["PyTree", "ravel", "tree_vdot", "tree_size", "check_dense_size", "DEFAULT_MAX_DENSE_SIZE", "rademacher_like"]
+__all__ = ["PyTree", "ravel", "tree_vdot", "tree_size", "check_dense_size", "DEFAULT_MAX_DENSE_SIZE"]
 
 #: Largest number of coordinates for which a dense d x d matrix is built by default.
 DEFAULT_MAX_DENSE_SIZE = 4096
@@ -46,25 +46,3 @@ def check_dense_size(size: int, max_size: int, what: str) -> None:
             f"limit max_size={max_size}. Use the matrix-free functions instead, or pass a larger "
             "max_size if you really want the dense matrix."
         )
-
-
-def rademacher_like(key: jax.Array, params: PyTree, num: int) -> PyTree:
-    """``num`` Rademacher probes shaped like ``params`` (stacked on a leading axis).
-
-    Each 32-bit random word supplies 32 signs, so the random-number generation
-    costs 1/32 of drawing one number per coordinate (it dominates the cost of
-    probing cheap models otherwise).
-    """
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    keys = jax.random.split(key, len(leaves))
-    shifts = jnp.arange(32, dtype=jnp.uint32)
-    probes = []
-    for k, x in zip(keys, leaves):
-        size = int(jnp.size(x))
-        words = jax.random.bits(k, (num, -(-size // 32)), dtype=jnp.uint32)
-        bits = (words[..., None] >> shifts) & jnp.uint32(1)
-        signs = (2 * bits.reshape(num, -1)[:, :size].astype(jnp.result_type(x)) - 1).reshape(
-            (num,) + jnp.shape(x)
-        )
-        probes.append(signs)
-    return jax.tree_util.tree_unflatten(treedef, probes)

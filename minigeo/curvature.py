@@ -35,7 +35,8 @@ from ._checks import (
     symmetry_rtol,
 )
 from ._linalg import lanczos_tridiagonal, solve_spd_cg
-from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, rademacher_like, ravel, tree_size
+from ._estimators import mean_and_standard_error, rademacher_like
+from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .metrics import Metric
 
 __all__ = [
@@ -381,12 +382,7 @@ def trace_estimate(
         "The Hessian-vector products",
         hint="The loss is not twice differentiable here, or overflowed.",
     )
-    se = (
-        jnp.std(values, ddof=1) / jnp.sqrt(num_probes)
-        if num_probes > 1
-        else jnp.asarray(jnp.inf, values.dtype)
-    )
-    return jnp.mean(values), se
+    return mean_and_standard_error(values)
 
 
 def _certified_ritz(T: jax.Array, beta_m: jax.Array, k: int, rtol: float | None) -> tuple[jax.Array, jax.Array, jax.Array]:

@@ -28,6 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import GeometryError, check_finite, check_spd, check_square_matrix, is_concrete
+from ._estimators import mean_and_standard_error
 from ._linalg import lanczos_tridiagonal
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .coords import Reparametrization
@@ -207,12 +208,7 @@ def logdet_slq(
                 f"largest {hi:.3g}; non-positive or below {rel:.1e} x largest). At a point that is not a strict "
                 "minimum use a GGN/Fisher curvature, or add prior precision (damping)."
             )
-    se = (
-        jnp.std(values, ddof=1) / jnp.sqrt(num_probes)
-        if num_probes > 1
-        else jnp.asarray(jnp.inf, values.dtype)
-    )
-    return jnp.mean(values), se
+    return mean_and_standard_error(values)
 
 
 class LaplaceEvidence(NamedTuple):

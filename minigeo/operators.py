@@ -26,7 +26,8 @@ import numpy as np
 
 from ._checks import GeometryError, as_float_point, check_finite, check_same_structure
 from ._linalg import lanczos_tridiagonal_offloaded
-from ._tree import PyTree, rademacher_like, ravel, tree_size
+from ._estimators import mean_and_standard_error, rademacher_like
+from ._tree import PyTree, ravel, tree_size
 from .curvature import MetricArg, _certified_ritz, _default_iterations, _metric_inverse, hvp
 from .metrics import Likelihood, Metric, empirical_fisher, fisher, ggn
 
@@ -316,8 +317,7 @@ class CurvatureOperator:
             raise GeometryError(f"{self.name}: no batches: the dataset is empty.")
         values = values / n
         check_finite(values, f"The {self.name} products", hint="The loss is not twice differentiable here, or overflowed.")
-        se = jnp.std(values, ddof=1) / jnp.sqrt(num_probes) if num_probes > 1 else jnp.asarray(jnp.inf, values.dtype)
-        return jnp.mean(values), se
+        return mean_and_standard_error(values)
 
     def top_eigenvalues(
         self,

@@ -17,7 +17,7 @@ from jax.flatten_util import ravel_pytree
 
 import minigeo as mg
 from minigeo._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded
-from minigeo._tree import rademacher_like
+from minigeo._estimators import rademacher_like
 
 N, D_IN, H, C = 37, 3, 5, 4  # 37 examples: batches of 10 leave a remainder of 7
 
