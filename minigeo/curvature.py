@@ -18,7 +18,7 @@ products.
 
 from __future__ import annotations
 
-from typing import Callable, Union
+from typing import Any, Callable, Union
 
 import jax
 import jax.numpy as jnp
@@ -396,8 +396,49 @@ def _certified_ritz(T: jax.Array, beta_m: jax.Array, k: int, rtol: float | None)
     return theta, bounds, jnp.where(bounds <= rtol * scale, theta, jnp.nan)
 
 
-def _default_iterations(k: int, d: int) -> int:
-    return min(d, max(30, 4 * k))
+def _certified_lanczos(
+    lanczos: Callable[[int], tuple[jax.Array, jax.Array]],
+    d: int,
+    k: Any,
+    num_iterations: Any,
+    rtol: Any,
+    eager: bool,
+    what: str,
+) -> jax.Array:
+    """The top-``k`` Ritz values of ``lanczos(m) -> (T, beta_m)``, certified to ``rtol`` (see :func:`top_eigenvalues`).
+
+    Validates ``k``, ``num_iterations`` and ``rtol``; ``num_iterations=None`` starts at
+    ``max(30, 4k)`` steps and grows them by 1.5x while eager and uncertified.  Uncertified values
+    raise when ``eager`` and are NaN otherwise.
+    """
+    if num_iterations is not None and not (isinstance(num_iterations, int) and num_iterations >= 1):
+        raise GeometryError(f"top_eigenvalues: num_iterations must be a positive int or None, got {num_iterations!r}.")
+    if rtol is not None and not (rtol > 0):
+        raise GeometryError(f"top_eigenvalues: rtol must be positive or None, got {rtol!r}.")
+    m = min(num_iterations, d) if num_iterations is not None else min(d, max(30, 4 * (k if isinstance(k, int) else 1)))
+    if not (isinstance(k, int) and 1 <= k <= (m if num_iterations is not None else d)):
+        raise GeometryError(
+            f"top_eigenvalues: k must be an int between 1 and num_iterations={m} (at most the {d} parameters); "
+            f"got {k!r}."
+        )
+    m = max(m, k)
+    while True:
+        T, beta_m = lanczos(m)
+        check_finite(T, "The Lanczos tridiagonal matrix", hint=f"The {what} products are not finite.")
+        theta, bounds, certified = _certified_ritz(T, beta_m, k, rtol)
+        if not eager or rtol is None or bool(jnp.all(jnp.isfinite(certified))):
+            return certified
+        if num_iterations is None and m < d:
+            m = min(d, -(-3 * m // 2))
+            continue
+        scale = float(jnp.max(jnp.abs(jnp.linalg.eigvalsh(T))))
+        worst = int(jnp.argmax(bounds))
+        raise GeometryError(
+            f"top_eigenvalues: after {m} Lanczos steps eigenvalue {worst + 1} ({float(theta[worst]):.6g}) of the "
+            f"{what} is not certified: its residual bound {float(bounds[worst]):.3g} exceeds rtol={rtol:g} x the "
+            f"spectrum's scale {scale:.3g}. Pass num_iterations=None (adaptive), a larger num_iterations, or a "
+            "larger rtol."
+        )
 
 
 def top_eigenvalues(
@@ -486,37 +527,10 @@ def top_eigenvalues(
     params = as_float_point(params, "params")
     check_finite(params, "params")
     d = tree_size(params)
-    if num_iterations is not None and not (isinstance(num_iterations, int) and num_iterations >= 1):
-        raise GeometryError(f"top_eigenvalues: num_iterations must be a positive int or None, got {num_iterations!r}.")
-    if rtol is not None and not (rtol > 0):
-        raise GeometryError(f"top_eigenvalues: rtol must be positive or None, got {rtol!r}.")
-    m = min(num_iterations, d) if num_iterations is not None else _default_iterations(k if isinstance(k, int) else 1, d)
-    if not (isinstance(k, int) and 1 <= k <= (m if num_iterations is not None else d)):
-        raise GeometryError(
-            f"top_eigenvalues: k must be an int between 1 and num_iterations={m} (at most the {d} parameters); "
-            f"got {k!r}."
-        )
-    m = max(m, k)
     flat0, unravel = ravel(params)
     apply_inverse = _metric_inverse(metric, params, tol, maxiter)
     Hv = lambda v: ravel(hvp(f, params, unravel(v)))[0]
     Ginv = lambda v: ravel(apply_inverse(unravel(v)))[0]
     z = jax.random.normal(key, (d,), dtype=flat0.dtype)
-    eager = is_concrete(params, key)
-
-    while True:
-        T, beta_m = lanczos_tridiagonal(Hv, Ginv, z, m, key=jax.random.fold_in(key, 1), return_residual=True)
-        check_finite(T, "The Lanczos tridiagonal matrix", hint="The Hessian-vector products are not finite.")
-        theta, bounds, certified = _certified_ritz(T, beta_m, k, rtol)
-        if not eager or rtol is None or bool(jnp.all(jnp.isfinite(certified))):
-            return certified
-        if num_iterations is None and m < d:
-            m = min(d, -(-3 * m // 2))
-            continue
-        scale = float(jnp.max(jnp.abs(jnp.linalg.eigvalsh(T))))
-        worst = int(jnp.argmax(bounds))
-        raise GeometryError(
-            f"top_eigenvalues: after {m} Lanczos steps eigenvalue {worst + 1} ({float(theta[worst]):.6g}) is not "
-            f"certified: its residual bound {float(bounds[worst]):.3g} exceeds rtol={rtol:g} x the spectrum's "
-            f"scale {scale:.3g}. Pass num_iterations=None (adaptive), a larger num_iterations, or a larger rtol."
-        )
+    lanczos = lambda m: lanczos_tridiagonal(Hv, Ginv, z, m, key=jax.random.fold_in(key, 1), return_residual=True)
+    return _certified_lanczos(lanczos, d, k, num_iterations, rtol, is_concrete(params, key), "Hessian")

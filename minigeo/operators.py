@@ -28,7 +28,7 @@ from ._checks import GeometryError, as_float_point, check_finite, check_same_str
 from ._linalg import lanczos_tridiagonal_offloaded
 from ._estimators import mean_and_standard_error, rademacher_like
 from ._tree import PyTree, ravel, tree_size
-from .curvature import MetricArg, _certified_ritz, _default_iterations, _metric_inverse, hvp
+from .curvature import MetricArg, _certified_lanczos, _metric_inverse, hvp
 from .metrics import Likelihood, Metric, empirical_fisher, fisher, ggn
 
 __all__ = [
@@ -345,39 +345,19 @@ class CurvatureOperator:
         """
         fresh = _many_passes(batches, "top_eigenvalues")
         d = tree_size(self.params)
-        if num_iterations is not None and not (isinstance(num_iterations, int) and num_iterations >= 1):
-            raise GeometryError(f"top_eigenvalues: num_iterations must be a positive int or None, got {num_iterations!r}.")
-        m = min(num_iterations, d) if num_iterations is not None else _default_iterations(k if isinstance(k, int) else 1, d)
-        if not (isinstance(k, int) and 1 <= k <= (m if num_iterations is not None else d)):
-            raise GeometryError(f"top_eigenvalues: k must be an int between 1 and num_iterations={m}; got {k!r}.")
-        m = max(m, k)
         flat0, unravel = ravel(self.params)
         apply_inverse = _metric_inverse(metric, self.params, tol, maxiter)
         apply_m = lambda v: ravel(self.dataset_mv(unravel(v), fresh()))[0]
         apply_ginv = None if metric is None else (lambda v: ravel(apply_inverse(unravel(v)))[0])
-        while True:
-            T, beta_m = lanczos_tridiagonal_offloaded(
-                apply_m,
-                apply_ginv,
-                jax.random.normal(key, (d,), dtype=flat0.dtype),
-                m,
-                key=jax.random.fold_in(key, 1),
-                steps=lambda r: _progress(r, progress, f"{self.name} Lanczos"),
-                return_residual=True,
+        z = jax.random.normal(key, (d,), dtype=flat0.dtype)
+
+        def lanczos(m: int) -> tuple[jax.Array, jax.Array]:
+            steps = lambda r: _progress(r, progress, f"{self.name} Lanczos")
+            return lanczos_tridiagonal_offloaded(
+                apply_m, apply_ginv, z, m, key=jax.random.fold_in(key, 1), steps=steps, return_residual=True
             )
-            check_finite(T, "The Lanczos tridiagonal matrix", hint=f"The {self.name} products are not finite.")
-            theta, bounds, certified = _certified_ritz(T, beta_m, k, rtol)
-            if rtol is None or bool(jnp.all(jnp.isfinite(certified))):
-                return certified
-            if num_iterations is None and m < d:
-                m = min(d, -(-3 * m // 2))
-                continue
-            worst = int(jnp.argmax(bounds))
-            raise GeometryError(
-                f"top_eigenvalues: after {m} Lanczos steps eigenvalue {worst + 1} ({float(theta[worst]):.6g}) of the "
-                f"{self.name} is not certified (residual bound {float(bounds[worst]):.3g} above rtol={rtol:g} x the "
-                "spectrum's scale). Pass num_iterations=None (adaptive), a larger num_iterations, or a larger rtol."
-            )
+
+        return _certified_lanczos(lanczos, d, k, num_iterations, rtol, True, self.name)
 
 
 def _probe_terms(batch_mv: Callable) -> Callable:
