@@ -1,13 +1,15 @@
-"""Helpers of the randomized estimators (floor 1): Rademacher probes, mean and standard error."""
+"""Helpers of the randomized estimators (floor 1): Rademacher probes, mean and standard error, SLQ quadrature."""
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
+from ._checks import GeometryError, check_finite, is_concrete
 from ._tree import PyTree
 
-__all__ = ["rademacher_like", "mean_and_standard_error"]
+__all__ = ["rademacher_like", "mean_and_standard_error", "slq_breakdown_tol", "slq_quadrature", "check_slq_positive"]
 
 
 def rademacher_like(key: jax.Array, params: PyTree, num: int) -> PyTree:
@@ -37,3 +39,37 @@ def mean_and_standard_error(values: jax.Array) -> tuple[jax.Array, jax.Array]:
     n = values.shape[0]
     se = jnp.std(values, ddof=1) / jnp.sqrt(n) if n > 1 else jnp.asarray(jnp.inf, values.dtype)
     return jnp.mean(values), se
+
+
+def slq_breakdown_tol(dim: int, dtype) -> float:
+    """``10 sqrt(d) eps``: Ritz values below this times the largest show a singular operator."""
+    return 10.0 * float(np.sqrt(dim)) * float(jnp.finfo(dtype).eps)
+
+
+def slq_quadrature(T: jax.Array, z: jax.Array, rel: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Gauss quadrature ``|z|^2 sum_k tau_k^2 log(lambda_k)`` of ``z^T log(A) z`` from the Lanczos matrix ``T``.
+
+    Returns ``(value, smallest Ritz value, largest |Ritz value|)``; the value is NaN unless the
+    smallest Ritz value exceeds ``rel`` times the largest (a positive-definite operator).
+    """
+    evals, evecs = jnp.linalg.eigh(T)
+    top = jnp.max(jnp.abs(evals))
+    positive = evals[0] > rel * top
+    value = jnp.vdot(z, z) * jnp.sum(evecs[0] ** 2 * jnp.log(jnp.where(evals > 0, evals, 1.0)))
+    return jnp.where(positive, value, jnp.nan), evals[0], top
+
+
+def check_slq_positive(values: jax.Array, smallest: jax.Array, largest: jax.Array, rel: float, who: str) -> None:
+    """Raise (concrete values only) when a probe's Ritz values show a singular or indefinite operator."""
+    if not is_concrete(values, smallest):
+        return
+    check_finite(largest, f"{who}: the Lanczos Ritz values", hint="The operator's products are not finite.")
+    worst = int(jnp.argmin(smallest / largest))
+    lo, hi = float(smallest[worst]), float(largest[worst])
+    if not lo > rel * hi:
+        state = "indefinite" if lo < -rel * hi else "singular (to working precision)"
+        raise GeometryError(
+            f"{who}: the operator is not positive definite: it is {state} (smallest Ritz value {lo:.3g}, "
+            f"largest {hi:.3g}; non-positive or below {rel:.1e} x largest). At a point that is not a strict "
+            "minimum use a GGN/Fisher curvature, or add prior precision (damping)."
+        )

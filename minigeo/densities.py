@@ -28,7 +28,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import GeometryError, check_finite, check_spd, check_square_matrix, is_concrete
-from ._estimators import mean_and_standard_error
+from ._estimators import check_slq_positive, mean_and_standard_error, slq_breakdown_tol, slq_quadrature
 from ._linalg import lanczos_tridiagonal
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .coords import Reparametrization
@@ -186,28 +186,13 @@ def logdet_slq(
     dtype = dtype or jnp.result_type(float)
     probes = jax.random.rademacher(key, (num_probes, dim), dtype=dtype)
     restart_key = jax.random.fold_in(key, 1)
-    rel = 10.0 * float(np.sqrt(dim)) * float(jnp.finfo(dtype).eps)
+    rel = slq_breakdown_tol(dim, dtype)
 
     def one(z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        T = lanczos_tridiagonal(matvec, lambda v: v, z, m, key=restart_key)
-        evals, evecs = jnp.linalg.eigh(T)
-        top = jnp.max(jnp.abs(evals))
-        positive = evals[0] > rel * top
-        value = jnp.vdot(z, z) * jnp.sum(evecs[0] ** 2 * jnp.log(jnp.where(evals > 0, evals, 1.0)))
-        return jnp.where(positive, value, jnp.nan), evals[0], top
+        return slq_quadrature(lanczos_tridiagonal(matvec, lambda v: v, z, m, key=restart_key), z, rel)
 
     values, smallest, largest = jax.vmap(one)(probes)
-    if is_concrete(values, smallest):
-        check_finite(largest, "logdet_slq: the Lanczos Ritz values", hint="The operator's products are not finite.")
-        worst = int(jnp.argmin(smallest / largest))
-        lo, hi = float(smallest[worst]), float(largest[worst])
-        if not lo > rel * hi:
-            state = "indefinite" if lo < -rel * hi else "singular (to working precision)"
-            raise GeometryError(
-                f"logdet_slq: the operator is not positive definite: it is {state} (smallest Ritz value {lo:.3g}, "
-                f"largest {hi:.3g}; non-positive or below {rel:.1e} x largest). At a point that is not a strict "
-                "minimum use a GGN/Fisher curvature, or add prior precision (damping)."
-            )
+    check_slq_positive(values, smallest, largest, rel, "logdet_slq")
     return mean_and_standard_error(values)
 
 

@@ -309,3 +309,35 @@ def test_operator_lanczos_certifies_its_eigenvalues():
     exact = np.sort(np.linalg.eigvalsh(np.asarray(_dense_full_batch("hessian", params, X, y))))[::-1][:3]
     got = op.top_eigenvalues(jax.random.PRNGKey(0), data, k=3)
     assert np.all(np.abs(np.asarray(got) - exact) <= 1e-2 * abs(exact[0]))
+
+
+def test_dataset_slq_equals_the_full_batch_slq_with_the_same_probes_and_the_dense_logdet():
+    params, X, y = _setup()
+    d = ravel_pytree(params)[0].size
+    op = mg.ggn_operator(_mlp, _xent, params)
+    lam = 0.5
+    key = jax.random.PRNGKey(5)
+    est, se = op.logdet_slq(key, mg.batches_of((X, y), 10), damping=lam, num_probes=8, num_iterations=d)
+    G = mg.metrics.ggn(lambda p: _mlp(p, X), lambda z: _xent(z, y))
+    unravel = ravel_pytree(params)[1]
+    matvec = lambda v: ravel_pytree(G.mv(params, unravel(v)))[0] + lam * v
+    ref, ref_se = mg.logdet_slq(matvec, d, key, num_probes=8, num_iterations=d, dtype=jnp.float64)
+    np.testing.assert_allclose([est, se], [ref, ref_se], rtol=1e-9)
+    exact = float(jnp.linalg.slogdet(_dense_full_batch("ggn", params, X, y) + lam * jnp.eye(d))[1])
+    assert abs(float(est) - exact) <= 4 * float(se) + 1e-8 * abs(exact)
+
+
+def test_dataset_slq_refuses_a_singular_operator_and_bad_settings():
+    params, X, y = _setup(n=3)  # a GGN of rank <= 9 in d = 35: singular without damping
+    op = mg.ggn_operator(_mlp, _xent, params)
+    data = [(X, y)]
+    with pytest.raises(mg.GeometryError, match="not positive definite"):
+        op.logdet_slq(jax.random.PRNGKey(0), data, num_probes=2, num_iterations=35)
+    with pytest.raises(mg.GeometryError, match="damping"):
+        op.logdet_slq(jax.random.PRNGKey(0), data, damping=-1.0)
+    with pytest.raises(mg.GeometryError, match="num_probes"):
+        op.logdet_slq(jax.random.PRNGKey(0), data, num_probes=0)
+    with pytest.raises(mg.GeometryError, match="one-shot iterator"):
+        op.logdet_slq(jax.random.PRNGKey(0), iter(data))
+    est, se = op.logdet_slq(jax.random.PRNGKey(0), data, damping=1.0, num_probes=2, num_iterations=35)
+    assert np.isfinite(float(est)) and np.isfinite(float(se))
