@@ -271,7 +271,9 @@ class CurvatureOperator:
             n += nb
         if total is None:
             raise GeometryError(f"{self.name}: no batches: the dataset is empty.")
-        return jax.tree_util.tree_map(lambda x: x / n, total)
+        out = jax.tree_util.tree_map(lambda x: x / n, total)
+        check_finite(out, f"The {self.name} product", hint="The loss is not twice differentiable here, or overflowed.")
+        return out
 
     def as_metric(self, batch: Batch) -> Metric:
         """This operator on one fixed batch, as a :class:`~minigeo.Metric` (e.g. the metric of :meth:`trace_estimate`)."""

@@ -297,6 +297,8 @@ def test_bad_inputs_raise_clear_errors():
     bad = mg.hessian_operator(lambda p, b: jnp.sum(p["w1"]) / 0.0 * jnp.sum(p["w2"] ** 2), params)
     with pytest.raises(mg.GeometryError, match="non-finite"):
         bad.trace_estimate(jax.random.PRNGKey(0), [(X, y)], num_probes=2)
+    with pytest.raises(mg.GeometryError, match="non-finite"):
+        bad.dataset_mv(v, [(X, y)])
 
 
 def test_operator_lanczos_certifies_its_eigenvalues():
