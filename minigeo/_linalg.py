@@ -434,53 +434,107 @@ def lanczos_tridiagonal_offloaded(
     d = z.shape[0]
     if m > d:
         raise GeometryError(f"lanczos_tridiagonal_offloaded: m = {m} steps exceed the dimension d = {d}.")
-    dtype = np.dtype(z.dtype)
-    eps = float(np.finfo(dtype).eps)
-    tol = float(breakdown_tol) if breakdown_tol is not None else 10.0 * float(np.sqrt(d)) * eps
-    key = jax.random.PRNGKey(0) if key is None else key
-    euclidean = apply_ginv is None
+    run = ResumableLanczos(apply_h, apply_ginv, z, key=key, breakdown_tol=breakdown_tol, start_restart_index=m)
+    T, beta_m = run.tridiagonal(m, steps=steps)
+    return (T, beta_m) if return_residual else T
 
-    def ginv(x: np.ndarray) -> np.ndarray:
-        return x if euclidean else np.asarray(apply_ginv(jnp.asarray(x)), dtype=dtype)
 
-    Q = np.zeros((m, d), dtype=dtype)  # rows: the G-orthonormal basis q_i
-    W = Q if euclidean else np.zeros((m, d), dtype=dtype)  # rows: G q_i
+class ResumableLanczos:
+    """The recurrence of :func:`lanczos_tridiagonal_offloaded`, extendable: ``tridiagonal(m)`` runs
+    only the steps not run yet, so growing ``m`` until the Ritz values are certified costs the final
+    ``m`` products, not the sum over the tries.  The basis lives in host memory (NumPy rows).
+    """
 
-    def reorth(h: np.ndarray, n: int) -> np.ndarray:
-        for _ in range(2):  # full reorthogonalization, twice, against the n rows filled so far
-            h = h - W[:n].T @ (Q[:n] @ h)
+    def __init__(
+        self,
+        apply_h: Callable[[jax.Array], jax.Array],
+        apply_ginv: Callable[[jax.Array], jax.Array] | None,
+        z: jax.Array,
+        *,
+        key: jax.Array | None = None,
+        breakdown_tol: float | None = None,
+        start_restart_index: int | None = None,
+    ) -> None:
+        self.d = d = z.shape[0]
+        self.dtype = dtype = np.dtype(z.dtype)
+        eps = float(np.finfo(dtype).eps)
+        self.tol = float(breakdown_tol) if breakdown_tol is not None else 10.0 * float(np.sqrt(d)) * eps
+        self.key = jax.random.PRNGKey(0) if key is None else key
+        self.apply_h, self.apply_ginv = apply_h, apply_ginv
+        self._Qb = np.zeros((0, d), dtype)  # rows 0..n-1: the G-orthonormal basis q_i (grown by doubling)
+        self._Wb = self._Qb  # rows: G q_i (the same buffer as Q when G = I)
+        self.n = 0
+        self.alphas: list[float] = []
+        self.betas: list[float] = []
+        self.scale = 0.0
+        self.failed = False
+        zz = np.asarray(z, dtype=dtype)
+        q = self._ginv(zz)
+        norm = np.sqrt(max(float(q @ zz), 0.0))
+        if norm > 0:
+            self._push(q / norm, zz / norm)
+        else:
+            self._push(*self._restart(d if start_restart_index is None else start_restart_index))
+
+    def _ginv(self, x: np.ndarray) -> np.ndarray:
+        return x if self.apply_ginv is None else np.asarray(self.apply_ginv(jnp.asarray(x)), dtype=self.dtype)
+
+    def _push(self, q: np.ndarray, w: np.ndarray) -> None:
+        if self.n == self._Qb.shape[0]:  # grow the host buffers by doubling
+            cap = min(self.d, max(8, 2 * self.n))
+            grow = lambda buf: np.concatenate([buf, np.zeros((cap - self.n, self.d), self.dtype)])
+            self._Qb = grow(self._Qb)
+            self._Wb = self._Qb if self.apply_ginv is None else grow(self._Wb)
+        self._Qb[self.n] = q
+        if self.apply_ginv is not None:
+            self._Wb[self.n] = w
+        self.n += 1
+
+    def _reorth(self, h: np.ndarray) -> np.ndarray:
+        Q, W = self._Qb[: self.n], self._Wb[: self.n]
+        for _ in range(2):  # full reorthogonalization, twice, against every row so far
+            h = h - W.T @ (Q @ h)
         return h
 
-    def restart(i: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-        r = reorth(np.asarray(jax.random.normal(jax.random.fold_in(key, i), (d,), dtype=dtype)), n)
-        v = ginv(r)
+    def _restart(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+        r = np.asarray(jax.random.normal(jax.random.fold_in(self.key, i), (self.d,), dtype=self.dtype))
+        if self.n:
+            r = self._reorth(r)
+        v = self._ginv(r)
         nr = np.sqrt(max(float(v @ r), 0.0))
         nr = nr if nr > 0 else 1.0
         return v / nr, r / nr
 
-    z = np.asarray(z, dtype=dtype)
-    q = ginv(z)
-    norm = np.sqrt(max(float(q @ z), 0.0))
-    Q[0], W[0] = (q / norm, z / norm) if norm > 0 else restart(m, 0)
-    alphas, betas, scale = np.zeros(m, dtype), np.zeros(m, dtype), 0.0
-    for i in steps(range(m)):
-        h = np.asarray(apply_h(jnp.asarray(Q[i])), dtype=dtype)  # = G (E q_i)
-        alpha = float(Q[i] @ h)
-        h = reorth(h, i + 1)
-        v = ginv(h)
-        beta = float(np.sqrt(max(float(v @ h), 0.0)))
-        if not (np.isfinite(alpha) and np.isfinite(beta)):
-            alphas[i], betas[i] = alpha, beta  # NaN propagates into T, as in lanczos_tridiagonal
-            alphas[i + 1 :] = np.nan
-            break
-        scale = max(scale, abs(alpha), beta)
-        alphas[i] = alpha
-        if i + 1 < m:
-            if beta <= tol * scale:  # breakdown: an invariant Krylov space; restart orthogonally
-                beta = 0.0
-                Q[i + 1], W[i + 1] = restart(i, i + 1)
-            else:
-                Q[i + 1], W[i + 1] = v / beta, h / beta
-        betas[i] = beta
-    T = jnp.asarray(np.diag(alphas) + np.diag(betas[:-1], 1) + np.diag(betas[:-1], -1))
-    return (T, jnp.asarray(betas[-1])) if return_residual else T
+    def tridiagonal(
+        self, m: int, *, steps: Callable[[range], Iterable[int]] = lambda r: r
+    ) -> tuple[jax.Array, jax.Array]:
+        """Run up to step ``m`` (at most ``d``); return the ``m x m`` matrix ``T`` and ``beta_m``."""
+        if m > self.d:
+            raise GeometryError(f"Lanczos: m = {m} steps exceed the dimension d = {self.d}.")
+        for i in steps(range(len(self.alphas), m)):
+            if self.failed:
+                self.alphas.append(np.nan)
+                self.betas.append(np.nan)
+                continue
+            h = np.asarray(self.apply_h(jnp.asarray(self._Qb[i])), dtype=self.dtype)  # = G (E q_i)
+            alpha = float(self._Qb[i] @ h)
+            h = self._reorth(h)
+            v = self._ginv(h)
+            beta = float(np.sqrt(max(float(v @ h), 0.0)))
+            self.alphas.append(alpha)
+            if not (np.isfinite(alpha) and np.isfinite(beta)):  # NaN propagates into T
+                self.failed = True
+                self.betas.append(beta)
+                continue
+            self.scale = max(self.scale, abs(alpha), beta)
+            if i + 1 < self.d:
+                if beta <= self.tol * self.scale:  # breakdown: an invariant Krylov space; restart
+                    beta = 0.0
+                    self._push(*self._restart(i))
+                else:
+                    self._push(v / beta, h / beta)
+            self.betas.append(beta)
+        a = np.asarray(self.alphas[:m], dtype=self.dtype)
+        b = np.asarray(self.betas[:m], dtype=self.dtype)
+        T = np.diag(a) + np.diag(b[:-1], 1) + np.diag(b[:-1], -1)
+        return jnp.asarray(T), jnp.asarray(b[-1])

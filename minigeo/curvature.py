@@ -18,6 +18,7 @@ products.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Union
 
 import jax
@@ -34,7 +35,7 @@ from ._checks import (
     is_concrete,
     symmetry_rtol,
 )
-from ._linalg import lanczos_tridiagonal, solve_spd_cg
+from ._linalg import ResumableLanczos, lanczos_tridiagonal, solve_spd_cg
 from ._estimators import mean_and_standard_error, rademacher_like
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .metrics import Metric
@@ -532,5 +533,24 @@ def top_eigenvalues(
     Hv = lambda v: ravel(hvp(f, params, unravel(v)))[0]
     Ginv = lambda v: ravel(apply_inverse(unravel(v)))[0]
     z = jax.random.normal(key, (d,), dtype=flat0.dtype)
-    lanczos = lambda m: lanczos_tridiagonal(Hv, Ginv, z, m, key=jax.random.fold_in(key, 1), return_residual=True)
-    return _certified_lanczos(lanczos, d, k, num_iterations, rtol, is_concrete(params, key), "Hessian")
+    eager = is_concrete(params, key, None if isinstance(metric, Metric) else metric)
+    if eager and num_iterations is None:
+        # adaptive: extend one Krylov space (no restarts), each product compiled once
+        try:
+            hash(f)
+            hv = lambda v: _flat_hvp(f, params, v)  # cached across calls with the same f
+        except TypeError:
+            hv = jax.jit(Hv)
+        run = ResumableLanczos(
+            hv, None if metric is None else jax.jit(Ginv), z, key=jax.random.fold_in(key, 1), start_restart_index=d
+        )
+        lanczos = run.tridiagonal
+    else:
+        lanczos = lambda m: lanczos_tridiagonal(Hv, Ginv, z, m, key=jax.random.fold_in(key, 1), return_residual=True)
+    return _certified_lanczos(lanczos, d, k, num_iterations, rtol, eager, "Hessian")
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _flat_hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: jax.Array) -> jax.Array:
+    """``H v`` on flat vectors, compiled once per loss function and parameter shapes."""
+    return ravel(hvp(f, params, ravel(params)[1](v)))[0]

@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import GeometryError, as_float_point, check_finite, check_same_structure
-from ._linalg import check_damping, lanczos_tridiagonal_offloaded
+from ._linalg import ResumableLanczos, check_damping, lanczos_tridiagonal_offloaded
 from ._estimators import check_slq_positive, mean_and_standard_error, rademacher_like, slq_breakdown_tol, slq_quadrature
 from ._tree import PyTree, ravel, tree_size
 from .curvature import MetricArg, _certified_lanczos, _metric_inverse, hvp
@@ -353,13 +353,9 @@ class CurvatureOperator:
         apply_ginv = None if metric is None else (lambda v: ravel(apply_inverse(unravel(v)))[0])
         z = jax.random.normal(key, (d,), dtype=flat0.dtype)
 
-        def lanczos(m: int) -> tuple[jax.Array, jax.Array]:
-            steps = lambda r: _progress(r, progress, f"{self.name} Lanczos")
-            return lanczos_tridiagonal_offloaded(
-                apply_m, apply_ginv, z, m, key=jax.random.fold_in(key, 1), steps=steps, return_residual=True
-            )
-
-        return _certified_lanczos(lanczos, d, k, num_iterations, rtol, True, self.name)
+        run = ResumableLanczos(apply_m, apply_ginv, z, key=jax.random.fold_in(key, 1), start_restart_index=d)
+        steps = lambda r: _progress(r, progress, f"{self.name} Lanczos")
+        return _certified_lanczos(lambda m: run.tridiagonal(m, steps=steps), d, k, num_iterations, rtol, True, self.name)
 
 
     def logdet_slq(
