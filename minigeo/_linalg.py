@@ -240,18 +240,7 @@ def solve_spd_cg(
     damped = add_damping(op, damping)
     if is_concrete(rhs):
         damped(rhs)  # one eager product: runs the value checks inside the operator (traced in the loop below)
-    flat_b, unravel = ravel(rhs)
-    d = flat_b.size
-    maxiter = int(maxiter) if maxiter is not None else 10 * max(d, 1)
-    if maxiter < 1:
-        raise GeometryError(f"conjugate gradients: maxiter must be >= 1, got {maxiter}.")
-    eps = float(jnp.finfo(flat_b.dtype if jnp.issubdtype(flat_b.dtype, jnp.inexact) else float).eps)
-    if not jnp.issubdtype(flat_b.dtype, jnp.inexact):
-        flat_b = flat_b.astype(jnp.result_type(float))
-    tol_eff = tol if isinstance(tol, jax.core.Tracer) else max(float(tol), eps)
-
-    def matvec(x):
-        return ravel(damped(unravel(x)))[0].astype(flat_b.dtype)
+    flat_b, unravel, maxiter, eps, tol_eff, matvec = _cg_setup(damped, rhs, tol, maxiter)
 
     def solve(mv, b):
         return _cg_flat(mv, b, tol_eff, maxiter)
@@ -263,6 +252,32 @@ def solve_spd_cg(
     if is_concrete(flat_x, info):
         _raise_on_cg_failure(matvec, flat_b, flat_x, info, tol_eff, eps, maxiter, what)
     return (solution, info) if return_info else solution
+
+
+def _cg_setup(op: Callable[[PyTree], PyTree], rhs: PyTree, tol: Any, maxiter: int | None):
+    """Flat right-hand side, unravel, the effective ``maxiter``, eps, effective tolerance and flat matvec."""
+    flat_b, unravel = ravel(rhs)
+    d = flat_b.size
+    maxiter = int(maxiter) if maxiter is not None else 10 * max(d, 1)
+    if maxiter < 1:
+        raise GeometryError(f"conjugate gradients: maxiter must be >= 1, got {maxiter}.")
+    eps = float(jnp.finfo(flat_b.dtype if jnp.issubdtype(flat_b.dtype, jnp.inexact) else float).eps)
+    if not jnp.issubdtype(flat_b.dtype, jnp.inexact):
+        flat_b = flat_b.astype(jnp.result_type(float))
+    tol_eff = tol if isinstance(tol, jax.core.Tracer) else max(float(tol), eps)
+
+    def matvec(x):
+        return ravel(op(unravel(x)))[0].astype(flat_b.dtype)
+
+    return flat_b, unravel, maxiter, eps, tol_eff, matvec
+
+
+def check_cg_solution(
+    op: Callable[[PyTree], PyTree], rhs: PyTree, x: PyTree, info: SolveInfo, *, tol: float, maxiter: int | None, what: str
+) -> None:
+    """Eagerly, the checks :func:`solve_spd_cg` makes, for a solution computed elsewhere (e.g. compiled)."""
+    flat_b, _, maxiter, eps, tol_eff, matvec = _cg_setup(op, rhs, tol, maxiter)
+    _raise_on_cg_failure(matvec, flat_b, ravel(x)[0], info, tol_eff, eps, maxiter, what)
 
 
 def _raise_on_cg_failure(matvec, b, x, info: SolveInfo, tol: float, eps: float, maxiter: int, what: str) -> None:

@@ -18,7 +18,6 @@ products.
 
 from __future__ import annotations
 
-import functools
 from typing import Any, Callable, Union
 
 import jax
@@ -35,6 +34,7 @@ from ._checks import (
     is_concrete,
     symmetry_rtol,
 )
+from ._compile import jit_per_callable
 from ._linalg import ResumableLanczos, lanczos_tridiagonal, solve_spd_cg
 from ._estimators import mean_and_standard_error, rademacher_like
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
@@ -59,7 +59,9 @@ MetricFn = Union[None, Callable[[jax.Array], jax.Array]]
 def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
     r"""Hessian-vector product :math:`\nabla^2 f(\theta)\,v` by forward-over-reverse autodiff.
 
-    Costs about two gradients; works on pytrees and under ``jit``/``vmap``.
+    Costs about two gradients; works on pytrees and under ``jit``/``vmap``.  An eager call is
+    compiled once per ``f`` and input shapes and reused (recompiled if a variable ``f`` reads is
+    rebound; see :class:`~minigeo.Metric`, *Compilation*).
 
     References
     ----------
@@ -74,7 +76,14 @@ def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
     Array([4., 2.], dtype=float32)
     """
     check_same_structure(params, v, "the vector v", "params")
+    return _compiled_hvp(f, params, v)
+
+
+def _hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
     return jax.jvp(jax.grad(f), (params,), (v,))[1]
+
+
+_compiled_hvp = jit_per_callable(_hvp)
 
 
 def hessian(
@@ -289,15 +298,25 @@ MetricArg = Union[None, PyTree, Metric]
 
 
 def _metric_inverse(
-    metric: MetricArg, params: PyTree, tol: float, maxiter: int | None
+    metric: MetricArg, params: PyTree, tol: float, maxiter: int | None, strict: bool = False
 ) -> Callable[[PyTree], PyTree]:
-    """``v -> G^{-1} v`` for None (identity), a positive pytree (diagonal) or a Metric (CG)."""
+    """``v -> G^{-1} v`` for None (identity), a positive pytree (diagonal) or a Metric (CG).
+
+    ``strict``: a CG solve that did not converge gives NaN (under ``jit`` it cannot raise), so a
+    failed solve shows up as a non-finite result that the eager caller reports.
+    """
     if metric is None:
         return lambda v: v
     if isinstance(metric, Metric):
-        return lambda v: solve_spd_cg(
-            metric.at(params), v, tol=tol, maxiter=maxiter, what=f"the {metric.name} metric"
-        )
+        what = f"the {metric.name} metric"
+        if not strict:
+            return lambda v: solve_spd_cg(metric.at(params), v, tol=tol, maxiter=maxiter, what=what)
+
+        def solve(v: PyTree) -> PyTree:
+            x, info = solve_spd_cg(metric.at(params), v, tol=tol, maxiter=maxiter, what=what, return_info=True)
+            return jax.tree_util.tree_map(lambda a: jnp.where(info.converged, a, jnp.nan), x)
+
+        return solve
     check_same_structure(params, metric, "the diagonal metric", "params")
     if is_concrete(metric):
         check_finite(metric, "the diagonal metric")
@@ -308,6 +327,52 @@ def _metric_inverse(
                 "(e.g. metric + 1e-8) or take absolute values."
             )
     return lambda v: jax.tree_util.tree_map(lambda a, w: a / w, v, metric)
+
+
+def _compilable(metric: MetricArg) -> bool:
+    """Metrics whose products may run inside a compiled loop (their checks do not need concrete values)."""
+    return not isinstance(metric, Metric) or metric.compiled
+
+
+_CG_HINT = (
+    "The loss is not twice differentiable here, or overflowed; with a Metric, the conjugate-gradient solves "
+    "may have failed (not positive definite, or not converged within maxiter): add damping or raise maxiter."
+)
+
+
+def _probe_values(
+    f: Callable[[PyTree], jax.Array],
+    params: PyTree,
+    key: jax.Array,
+    metric: MetricArg,
+    *,
+    num_probes: int,
+    batched: str,
+    tol: float,
+    maxiter: int | None,
+) -> jax.Array:
+    """``(G^{-1} z_i)^T H z_i`` for ``num_probes`` Rademacher probes ``z_i``."""
+    apply_inverse = _metric_inverse(metric, params, tol, maxiter, strict=True)
+    probes = rademacher_like(key, params, num_probes)
+
+    def one(z: PyTree) -> jax.Array:
+        hz = _hvp(f, params, z)
+        return sum(
+            jnp.vdot(a, b)
+            for a, b in zip(jax.tree_util.tree_leaves(apply_inverse(z)), jax.tree_util.tree_leaves(hz))
+        )
+
+    return jax.vmap(one)(probes) if batched == "vmap" else jax.lax.map(one, probes)
+
+
+def _diagnose_cg(result: jax.Array, metric: MetricArg, params: PyTree, key: jax.Array, tol: float, maxiter: Any) -> None:
+    """After a non-finite compiled result with a Metric: one eager solve, which raises CG's precise error."""
+    if isinstance(metric, Metric) and is_concrete(result) and not bool(jnp.all(jnp.isfinite(result))):
+        probe = jax.tree_util.tree_map(lambda a: a[0], rademacher_like(key, params, 1))
+        _metric_inverse(metric, params, tol, maxiter)(probe)
+
+
+_compiled_probe_values = jit_per_callable(_probe_values, static_argnames=("num_probes", "batched", "tol", "maxiter"))
 
 
 def trace_estimate(
@@ -360,29 +425,16 @@ def trace_estimate(
     """
     if not (isinstance(num_probes, int) and num_probes >= 1):
         raise GeometryError(f"trace_estimate: num_probes must be a positive int, got {num_probes!r}.")
+    if batched not in ("vmap", "map"):
+        raise GeometryError(f"trace_estimate: batched must be 'vmap' or 'map', got {batched!r}.")
     params = as_float_point(params, "params")
     check_finite(params, "params")
-    apply_inverse = _metric_inverse(metric, params, tol, maxiter)
-    probes = rademacher_like(key, params, num_probes)
-
-    def one(z: PyTree) -> jax.Array:
-        hz = hvp(f, params, z)
-        return sum(
-            jnp.vdot(a, b)
-            for a, b in zip(jax.tree_util.tree_leaves(apply_inverse(z)), jax.tree_util.tree_leaves(hz))
-        )
-
-    if batched == "vmap":
-        values = jax.vmap(one)(probes)
-    elif batched == "map":
-        values = jax.lax.map(one, probes)
-    else:
-        raise GeometryError(f"trace_estimate: batched must be 'vmap' or 'map', got {batched!r}.")
-    check_finite(
-        values,
-        "The Hessian-vector products",
-        hint="The loss is not twice differentiable here, or overflowed.",
-    )
+    _metric_inverse(metric, params, tol, maxiter)  # validates a diagonal metric eagerly
+    options = dict(num_probes=num_probes, batched=batched, tol=tol, maxiter=maxiter)
+    run = _compiled_probe_values if _compilable(metric) else _probe_values
+    values = run(f, params, key, metric, **options)
+    _diagnose_cg(values, metric, params, key, tol, maxiter)
+    check_finite(values, "The Hessian-vector products", hint=_CG_HINT)
     return mean_and_standard_error(values)
 
 
@@ -529,28 +581,56 @@ def top_eigenvalues(
     check_finite(params, "params")
     d = tree_size(params)
     flat0, unravel = ravel(params)
-    apply_inverse = _metric_inverse(metric, params, tol, maxiter)
-    Hv = lambda v: ravel(hvp(f, params, unravel(v)))[0]
-    Ginv = lambda v: ravel(apply_inverse(unravel(v)))[0]
+    _metric_inverse(metric, params, tol, maxiter)  # validates a diagonal metric eagerly
     z = jax.random.normal(key, (d,), dtype=flat0.dtype)
+    restart_key = jax.random.fold_in(key, 1)
     eager = is_concrete(params, key, None if isinstance(metric, Metric) else metric)
+    compiled = _compilable(metric)
+    options = dict(tol=tol, maxiter=maxiter)
     if eager and num_iterations is None:
-        # adaptive: extend one Krylov space (no restarts), each product compiled once
-        try:
-            hash(f)
-            hv = lambda v: _flat_hvp(f, params, v)  # cached across calls with the same f
-        except TypeError:
-            hv = jax.jit(Hv)
-        run = ResumableLanczos(
-            hv, None if metric is None else jax.jit(Ginv), z, key=jax.random.fold_in(key, 1), start_restart_index=d
-        )
+        # adaptive: extend one Krylov space (no restarts), each product compiled once per f (or metric)
+        if compiled:
+            hv = lambda v: _compiled_flat_hvp(f, params, v)
+            mv_key = metric.mv_fn if isinstance(metric, Metric) else None
+            ginv = None if metric is None else (lambda v: _compiled_flat_inverse(mv_key, params, metric, v, **options))
+        else:
+            hv = lambda v: _flat_hvp(f, params, v)
+            ginv = lambda v: _flat_inverse(None, params, metric, v, **options)
+        run = ResumableLanczos(hv, ginv, z, key=restart_key, start_restart_index=d)
         lanczos = run.tridiagonal
     else:
-        lanczos = lambda m: lanczos_tridiagonal(Hv, Ginv, z, m, key=jax.random.fold_in(key, 1), return_residual=True)
-    return _certified_lanczos(lanczos, d, k, num_iterations, rtol, eager, "Hessian")
+        fixed = _compiled_lanczos if (compiled and eager) else _lanczos
+        lanczos = lambda m: fixed(f, params, metric, z, restart_key, m=m, **options)
+
+    def checked(m: int) -> tuple[jax.Array, jax.Array]:
+        T, beta_m = lanczos(m)
+        _diagnose_cg(T, metric, params, key, tol, maxiter)  # a failed CG solve: its own error, eagerly
+        return T, beta_m
+
+    return _certified_lanczos(checked, d, k, num_iterations, rtol, eager, "Hessian")
 
 
-@functools.partial(jax.jit, static_argnums=0)
 def _flat_hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: jax.Array) -> jax.Array:
-    """``H v`` on flat vectors, compiled once per loss function and parameter shapes."""
-    return ravel(hvp(f, params, ravel(params)[1](v)))[0]
+    """``H v`` on flat vectors."""
+    return ravel(_hvp(f, params, ravel(params)[1](v)))[0]
+
+
+def _flat_inverse(_key: Any, params: PyTree, metric: MetricArg, v: jax.Array, *, tol: float, maxiter: Any) -> jax.Array:
+    """``G^{-1} v`` on flat vectors (``_key``: the callable the compilation is cached on)."""
+    unravel = ravel(params)[1]
+    return ravel(_metric_inverse(metric, params, tol, maxiter, strict=True)(unravel(v)))[0]
+
+
+def _lanczos(
+    f: Callable[[PyTree], jax.Array], params: PyTree, metric: MetricArg, z: jax.Array, key: jax.Array, *,
+    m: int, tol: float, maxiter: Any,
+) -> tuple[jax.Array, jax.Array]:
+    """``m`` Lanczos steps of ``G^{-1}H`` from ``z``: the tridiagonal matrix and the residual norm."""
+    Hv = lambda v: _flat_hvp(f, params, v)
+    Ginv = lambda v: _flat_inverse(None, params, metric, v, tol=tol, maxiter=maxiter)
+    return lanczos_tridiagonal(Hv, Ginv, z, m, key=key, return_residual=True)
+
+
+_compiled_flat_hvp = jit_per_callable(_flat_hvp)
+_compiled_flat_inverse = jit_per_callable(_flat_inverse, static_argnames=("tol", "maxiter"))
+_compiled_lanczos = jit_per_callable(_lanczos, static_argnames=("m", "tol", "maxiter"))

@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._compile import jit_per_callable
 from ._checks import GeometryError, check_finite, check_spd, check_square_matrix, is_concrete
 from ._estimators import check_slq_positive, mean_and_standard_error, slq_breakdown_tol, slq_quadrature
 from ._linalg import lanczos_tridiagonal
@@ -183,7 +184,16 @@ def logdet_slq(
         raise GeometryError(f"logdet_slq: num_iterations must be a positive int, got {num_iterations!r}.")
     dim = int(dim)
     m = min(int(num_iterations), dim)
-    dtype = dtype or jnp.result_type(float)
+    dtype = jnp.dtype(dtype or jnp.result_type(float))
+    values, smallest, largest = _compiled_slq_probes(matvec, key, num_probes=num_probes, dim=dim, m=m, dtype=dtype)
+    check_slq_positive(values, smallest, largest, slq_breakdown_tol(dim, dtype), "logdet_slq")
+    return mean_and_standard_error(values)
+
+
+def _slq_probes(
+    matvec: Callable[[jax.Array], jax.Array], key: jax.Array, *, num_probes: int, dim: int, m: int, dtype: Any
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-probe quadrature values and the extreme Ritz values (vectorised over Rademacher probes)."""
     probes = jax.random.rademacher(key, (num_probes, dim), dtype=dtype)
     restart_key = jax.random.fold_in(key, 1)
     rel = slq_breakdown_tol(dim, dtype)
@@ -191,9 +201,10 @@ def logdet_slq(
     def one(z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
         return slq_quadrature(lanczos_tridiagonal(matvec, lambda v: v, z, m, key=restart_key), z, rel)
 
-    values, smallest, largest = jax.vmap(one)(probes)
-    check_slq_positive(values, smallest, largest, rel, "logdet_slq")
-    return mean_and_standard_error(values)
+    return jax.vmap(one)(probes)
+
+
+_compiled_slq_probes = jit_per_callable(_slq_probes, static_argnames=("num_probes", "dim", "m", "dtype"))
 
 
 class LaplaceEvidence(NamedTuple):

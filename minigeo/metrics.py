@@ -46,7 +46,16 @@ from ._checks import (
     is_concrete,
     symmetry_rtol,
 )
-from ._linalg import SolveInfo, add_damping, check_damping, solve_spd_cg, solve_spd_dense
+from ._compile import jit_per_callable
+from ._linalg import (
+    SolveInfo,
+    _is_zero,
+    add_damping,
+    check_cg_solution,
+    check_damping,
+    solve_spd_cg,
+    solve_spd_dense,
+)
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
 
 __all__ = [
@@ -80,6 +89,10 @@ class Metric:
         :math:`\lambda \ge 0`; :meth:`mv` returns :math:`(G + \lambda I) v`, with :math:`G` the
         operator of ``mv_fn``.  A Python number, NumPy scalar, 0-d JAX array or a traced
         value; negative or NaN values raise :class:`GeometryError` (when concrete).
+    compiled
+        ``True`` (default): eager :meth:`mv` calls are compiled once per ``mv_fn`` and input
+        shapes (see *Compilation* below).  ``False``: run ``mv_fn`` op by op, for product
+        functions whose value checks need concrete arrays (:func:`diagonal`, :func:`dense`).
 
     Notes
     -----
@@ -89,6 +102,16 @@ class Metric:
     :func:`~minigeo.natural_gradient` ``(metric, ..., damping=c)`` solves with
     ``metric.mv + c I``, i.e. :math:`G + (\lambda + c) I`; so for an undamped ``G``,
     ``natural_gradient(G, p, g, damping=c)`` equals ``G.with_damping(c).solve(p, g)``.
+
+    **A pytree.**  ``damping`` is a leaf and ``mv_fn``, ``name``, ``compiled`` are static, so a
+    metric can be passed to a jitted function and its damping changed without recompiling.
+
+    **Compilation.**  Eager :meth:`mv` and :meth:`solve` calls are compiled the first time for
+    a given ``mv_fn`` and input shapes and reused afterwards (a transformer's GGN product is
+    otherwise traced op by op and its block scan recompiled at every call).  The compilation is
+    redone when a closure variable or a global read by ``mv_fn`` (or the functions it calls, two
+    levels deep) is rebound, and dropped when ``mv_fn`` is garbage-collected; like ``jax.jit``,
+    it cannot see an object mutated in place.
 
     :meth:`dense` builds the matrix afresh at every call (nothing is cached on the
     metric or its functions), so a metric whose function reads changing state gives
@@ -114,6 +137,7 @@ class Metric:
     mv_fn: MvFn
     name: str = "metric"
     damping: float = 0.0
+    compiled: bool = True
 
     def __post_init__(self) -> None:
         if not callable(self.mv_fn):
@@ -128,7 +152,11 @@ class Metric:
         params = as_float_point(params, "params")
         v = as_float_point(v, "the vector v")
         check_same_structure(params, v, "the vector v", "params")
-        return add_damping(lambda u: self.mv_fn(params, u), self.damping)(v)
+        if not self.compiled:
+            return add_damping(lambda u: self.mv_fn(params, u), self.damping)(v)
+        if _is_zero(self.damping):
+            return _compiled_mv(self.mv_fn, params, v)
+        return _compiled_damped_mv(self.mv_fn, params, v, self.damping)
 
     def at(self, params: PyTree) -> Callable[[PyTree], PyTree]:
         """The linear map ``v -> G v`` at a fixed point (a ``MetricLike`` for :mod:`minigeo.coords`)."""
@@ -146,7 +174,7 @@ class Metric:
         may be a Python number, NumPy scalar, 0-d array or a traced value; negative or NaN
         values raise :class:`GeometryError` when concrete.
         """
-        return Metric(self.mv_fn, self.name, damping)
+        return Metric(self.mv_fn, self.name, damping, self.compiled)
 
     def dense(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
         """The dense ``d x d`` matrix over the flattened parameters (``ravel_pytree`` order).
@@ -200,14 +228,13 @@ class Metric:
             )
             return (x, _dense_info(x)) if return_info else x
         if method == "cg":
-            return solve_spd_cg(
-                self.at(params),
-                rhs,
-                tol=tol,
-                maxiter=maxiter,
-                what=f"the {self.name} metric",
-                return_info=return_info,
-            )
+            what = f"the {self.name} metric"
+            if not (self.compiled and is_concrete(params, rhs, self.damping)):
+                return solve_spd_cg(self.at(params), rhs, tol=tol, maxiter=maxiter, what=what, return_info=return_info)
+            check_finite(rhs, "the right-hand side")
+            x, info = _compiled_cg(self.mv_fn, self, params, rhs, tol=tol, maxiter=maxiter)
+            check_cg_solution(self.at(params), rhs, x, info, tol=tol, maxiter=maxiter, what=what)
+            return (x, info) if return_info else x
         raise GeometryError(f"Metric.solve: method must be 'cg' or 'dense', got {method!r}.")
 
     def check_positive_definite(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> None:
@@ -218,6 +245,34 @@ class Metric:
             f"the {self.name} metric" + (" + damping * I" if is_concrete(self.damping) and not _zero(self.damping) else ""),
             rtol=symmetry_rtol(G),
         )
+
+
+def _metric_flatten(metric: Metric) -> tuple[tuple[Any], tuple[Any, str, bool]]:
+    return (metric.damping,), (metric.mv_fn, metric.name, metric.compiled)
+
+
+def _metric_unflatten(aux: tuple[Any, str, bool], children: tuple[Any]) -> Metric:
+    metric = object.__new__(Metric)  # no validation: jax rebuilds metrics with tracers or placeholders
+    for name, value in zip(("mv_fn", "name", "compiled", "damping"), (*aux, children[0])):
+        object.__setattr__(metric, name, value)
+    return metric
+
+
+jax.tree_util.register_pytree_node(Metric, _metric_flatten, _metric_unflatten)
+
+_compiled_mv = jit_per_callable(lambda mv_fn, params, v: mv_fn(params, v))
+_compiled_damped_mv = jit_per_callable(
+    lambda mv_fn, params, v, damping: add_damping(lambda u: mv_fn(params, u), damping)(v)
+)
+
+
+
+def _cg(_mv_fn: Any, metric: Metric, params: PyTree, rhs: PyTree, *, tol: float, maxiter: int | None):
+    """``(x, info)`` of CG on the damped metric (``_mv_fn``: the callable the compilation is cached on)."""
+    return solve_spd_cg(metric.at(params), rhs, tol=tol, maxiter=maxiter, return_info=True)
+
+
+_compiled_cg = jit_per_callable(_cg, static_argnames=("tol", "maxiter"))
 
 
 def _zero(damping: Any) -> bool:
@@ -288,7 +343,7 @@ def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
                 )
         return jax.tree_util.tree_map(lambda a, b: a * b, w, v)
 
-    return Metric(mv, "diagonal")
+    return Metric(mv, "diagonal", compiled=False)
 
 
 def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
@@ -324,7 +379,7 @@ def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
         flat_v, unravel = ravel(v)
         return unravel(matrix @ flat_v)
 
-    return Metric(mv, "dense")
+    return Metric(mv, "dense", compiled=False)
 
 
 # ---------------------------------------------------------------------------

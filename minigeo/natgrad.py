@@ -33,7 +33,7 @@ from ._checks import (
     check_square_matrix,
     symmetry_rtol,
 )
-from ._linalg import SolveInfo, check_damping, solve_spd_cg, solve_spd_dense
+from ._linalg import SolveInfo, check_damping, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .metrics import Metric
 
@@ -270,14 +270,7 @@ def natural_gradient(
     damped = metric.with_damping(metric.damping + damping)
     if solver == "cg":
         try:
-            return solve_spd_cg(
-                damped.at(params),
-                grad,
-                tol=tol,
-                maxiter=maxiter,
-                what=f"the {metric.name} metric",
-                return_info=return_info,
-            )
+            return damped.solve(params, grad, method="cg", tol=tol, maxiter=maxiter, return_info=return_info)
         except GeometryError as err:
             raise GeometryError(
                 f"natural_gradient: {err} For an overparametrized model the metric is singular: use damping > 0, "

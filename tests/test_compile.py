@@ -1,0 +1,281 @@
+"""Repeated eager calls compile once (issue 20): minigeo._compile.jit_per_callable and its users.
+
+Truths: the number of XLA compilations (jax.monitoring's backend-compile event), jax.jvp / dense
+references for the values, garbage collection (weak references), and rebinding a variable the
+function reads (the result must follow it, never a stale compilation).
+"""
+
+from __future__ import annotations
+
+import gc
+import weakref
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from jax import monitoring
+
+import minigeo as mg
+import minigeo.models as mm
+from minigeo._compile import _fingerprint, jit_per_callable
+
+_COMPILES = [0]
+
+
+def _listener(event: str, duration: float, **kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILES[0] += 1
+
+
+monitoring.register_event_duration_secs_listener(_listener)
+
+
+def compiles_during(fn, *args, **kwargs):
+    """(result, number of XLA compilations while running fn)."""
+    before = _COMPILES[0]
+    out = jax.block_until_ready(fn(*args, **kwargs))
+    return out, _COMPILES[0] - before
+
+
+DTYPES = [jnp.float64, jnp.float32]
+
+
+def quadratic_problem(dtype, n=6, seed=0):
+    r = np.random.default_rng(seed)
+    a = r.normal(size=(n, n))
+    A = jnp.asarray(a @ a.T + n * np.eye(n), dtype)
+    b = jnp.asarray(r.normal(size=n), dtype)
+    loss = lambda p: 0.5 * p["w"] @ A @ p["w"] + jnp.sum(jnp.sin(p["w"] * b)) + jnp.sum(p["c"] ** 4)
+    params = {"w": jnp.asarray(r.normal(size=n), dtype), "c": jnp.asarray(r.normal(size=2), dtype)}
+    return loss, params
+
+
+def tol(dtype):
+    return 100 * float(jnp.finfo(dtype).eps)
+
+
+# ---------------------------------------------------------------------------
+# the helper itself
+# ---------------------------------------------------------------------------
+def test_compiles_once_per_function_and_shape():
+    traced = []
+
+    def impl(f, x):
+        traced.append(1)
+        return 2.0 * f(x)
+
+    run = jit_per_callable(impl)
+    f = lambda x: jnp.sum(x**2)
+    np.testing.assert_allclose(run(f, jnp.ones(3)), 6.0)
+    _, n = compiles_during(run, f, 2.0 * jnp.ones(3))
+    assert n == 0 and len(traced) == 1
+    _, n = compiles_during(run, f, jnp.ones(4))  # a new shape compiles
+    assert n >= 1 and len(traced) == 2
+    g = lambda x: jnp.sum(x**3)  # a new function compiles, and gives its own value
+    np.testing.assert_allclose(run(g, jnp.ones(3)), 6.0)
+    np.testing.assert_allclose(run(g, 2 * jnp.ones(3)), 48.0)
+    assert len(traced) == 3
+
+
+def test_rebinding_a_closure_or_global_variable_recompiles_never_stale():
+    run = jit_per_callable(lambda f, x: f(x))
+    scale = jnp.asarray(1.0)
+    f = lambda x: scale * jnp.sum(x)
+    np.testing.assert_allclose(run(f, jnp.ones(2)), 2.0)
+    scale = jnp.asarray(5.0)  # closure cell rebound
+    np.testing.assert_allclose(run(f, jnp.ones(2)), 10.0)
+    global _GLOBAL_DATA
+    _GLOBAL_DATA = jnp.asarray([1.0, 2.0])
+    g = lambda x: jnp.sum(_GLOBAL_DATA * x)
+    np.testing.assert_allclose(run(g, jnp.ones(2)), 3.0)
+    _GLOBAL_DATA = jnp.asarray([10.0, 20.0])  # global rebound
+    np.testing.assert_allclose(run(g, jnp.ones(2)), 30.0)
+
+    def helper(x):  # a global read one call deeper
+        return jnp.sum(_GLOBAL_DATA * x)
+
+    h = lambda x: helper(x) + 0.0
+    np.testing.assert_allclose(run(h, jnp.ones(2)), 30.0)
+    _GLOBAL_DATA = jnp.asarray([100.0, 200.0])
+    np.testing.assert_allclose(run(h, jnp.ones(2)), 300.0)
+
+
+_GLOBAL_DATA = None
+
+
+@pytest.mark.parametrize("how", ["default", "closure"])
+def test_per_step_closures_share_one_compilation_and_nothing_is_kept_alive(how):
+    """A training loop making ``lambda p: loss(p, batch)`` per step: the batch is an argument, not a constant."""
+    run = jit_per_callable(lambda f, x: f(x))
+    refs, compiles = [], []
+
+    def make(data):
+        if how == "default":
+            return lambda x, data=data: jnp.sum(data * x)
+        return lambda x: jnp.sum(data * x)
+
+    for step in range(5):
+        data = jnp.full((3,), float(step))
+        f = make(data)
+        out, n = compiles_during(run, f, jnp.ones(3))
+        np.testing.assert_allclose(out, 3.0 * step)  # each step its own data, never the first step's
+        compiles.append(n)
+        refs.append((weakref.ref(f), weakref.ref(data)))
+        del f, data
+    gc.collect()
+    assert compiles[0] >= 1 and compiles[1:] == [0, 0, 0, 0]
+    assert all(r() is None and d() is None for r, d in refs)
+    assert run.cache_size() == 1
+
+
+def test_untraceable_function_runs_op_by_op():
+    """Python control flow on a closed-over array cannot be traced: the call still gives the eager answer."""
+    run = jit_per_callable(lambda f, x: f(x))
+    flag = jnp.asarray(1.0)
+    f = lambda x: jnp.sum(x) if flag > 0 else -jnp.sum(x)
+    np.testing.assert_allclose(run(f, jnp.ones(2)), 2.0)
+    flag = jnp.asarray(-1.0)
+    np.testing.assert_allclose(run(f, jnp.ones(2)), -2.0)
+
+
+def test_bound_methods_are_cached_per_instance():
+    class Model:
+        def __init__(self, a):
+            self.a = jnp.asarray(a)
+
+        def loss(self, x):
+            return self.a * jnp.sum(x)
+
+    run = jit_per_callable(lambda f, x: f(x))
+    m1, m2 = Model(2.0), Model(3.0)
+    np.testing.assert_allclose(run(m1.loss, jnp.ones(2)), 4.0)
+    _, n = compiles_during(run, m1.loss, jnp.ones(2))  # a new bound-method object each access
+    assert n == 0
+    np.testing.assert_allclose(run(m2.loss, jnp.ones(2)), 6.0)
+    del m1, m2
+    gc.collect()
+    assert run.cache_size() == 0
+
+
+def test_traced_arguments_run_inline():
+    run = jit_per_callable(lambda f, x: f(x))
+    out = jax.jit(lambda x: run(lambda y: jnp.sum(y**2), x))(jnp.ones(3))
+    np.testing.assert_allclose(out, 3.0)
+    assert run.cache_size() == 0
+    np.testing.assert_allclose(jax.vmap(lambda x: run(jnp.sum, x))(jnp.ones((4, 3))), 3.0 * np.ones(4))
+
+
+def test_fingerprint_follows_partial_arguments():
+    import functools
+
+    def loss(x, w):
+        return jnp.sum(w * x)
+
+    w1, w2 = jnp.ones(2), 2 * jnp.ones(2)
+    p1 = functools.partial(loss, w=w1)
+    assert len(_fingerprint(p1)) >= 1
+    run = jit_per_callable(lambda f, x: f(x))
+    np.testing.assert_allclose(run(p1, jnp.ones(2)), 2.0)
+    np.testing.assert_allclose(run(functools.partial(loss, w=w2), jnp.ones(2)), 4.0)
+
+
+# ---------------------------------------------------------------------------
+# the public functions: second eager call compiles nothing, values right
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hvp_second_eager_call_compiles_nothing(dtype):
+    loss, params = quadratic_problem(dtype)
+    v = jax.tree_util.tree_map(jnp.ones_like, params)
+    mg.hvp(loss, params, v)
+    out, n = compiles_during(mg.hvp, loss, params, v)
+    assert n == 0
+    ref = jax.jvp(jax.grad(loss), (params,), (v,))[1]
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+        np.testing.assert_allclose(a, b, rtol=tol(dtype), atol=tol(dtype))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_trace_and_eigenvalues_second_eager_call_compile_nothing(dtype):
+    loss, params = quadratic_problem(dtype)
+    key = jax.random.PRNGKey(0)
+    H = np.asarray(mg.hessian(loss, params), np.float64)
+    calls = {
+        "trace": lambda: mg.trace_estimate(loss, params, key, num_probes=500)[0],
+        "trace, diagonal metric": lambda: mg.trace_estimate(
+            loss, params, key, metric=jax.tree_util.tree_map(lambda a: jnp.full_like(a, 2.0), params)
+        )[0],
+        "eigenvalues, fixed": lambda: mg.top_eigenvalues(loss, params, key, k=2, num_iterations=8),
+        "eigenvalues, adaptive": lambda: mg.top_eigenvalues(loss, params, key, k=2),
+    }
+    for name, call in calls.items():
+        first = call()
+        second, n = compiles_during(call)
+        assert n == 0, name
+        np.testing.assert_array_equal(first, second)
+    lam = np.sort(np.linalg.eigvalsh(H))[::-1]
+    np.testing.assert_allclose(calls["eigenvalues, fixed"](), lam[:2], rtol=1e-3 if dtype == jnp.float32 else 1e-9)
+    est, se = mg.trace_estimate(loss, params, key, num_probes=500)
+    assert abs(float(est) - np.trace(H)) < 5 * float(se) + tol(dtype) * np.abs(H).sum()
+
+
+def test_metric_products_second_eager_call_compile_nothing():
+    r = np.random.default_rng(3)
+    X = jnp.asarray(r.normal(size=(20, 4)))
+    y = jnp.asarray(r.integers(0, 3, size=20))
+    model = lambda p: jnp.tanh(X @ p["W"]) @ p["V"]
+    ce = lambda z: -jnp.mean(jax.nn.log_softmax(z)[jnp.arange(20), y])
+    per_example = lambda z: -jax.nn.log_softmax(z)[jnp.arange(20), y]
+    params = {"W": jnp.asarray(r.normal(size=(4, 5))), "V": jnp.asarray(r.normal(size=(5, 3)))}
+    v = jax.tree_util.tree_map(lambda a: jnp.asarray(r.normal(size=a.shape)), params)
+    metrics = {
+        "GGN": mg.ggn(model, ce),
+        "Fisher": mg.fisher(model, "categorical"),
+        "empirical Fisher": mg.empirical_fisher(model, per_example),
+        "damped GGN": mg.ggn(model, ce).with_damping(0.5),
+    }
+    for name, G in metrics.items():
+        first = G.mv(params, v)
+        second, n = compiles_during(G.mv, params, v)
+        assert n == 0, name
+        dense = np.asarray(G.dense(params))  # op by op under vmap: an independent route
+        np.testing.assert_allclose(
+            jax.flatten_util.ravel_pytree(second)[0], dense @ np.asarray(jax.flatten_util.ravel_pytree(v)[0]), rtol=1e-10
+        )
+        for a, b in zip(jax.tree_util.tree_leaves(first), jax.tree_util.tree_leaves(second)):
+            np.testing.assert_array_equal(a, b)
+
+
+def test_metric_is_a_pytree_whose_damping_changes_without_recompiling():
+    G = mg.ggn(lambda w: jnp.array([[1.0, 0.0], [1.0, 1.0]]) @ w, lambda z: 0.5 * jnp.sum(z**2))
+    assert jax.tree_util.tree_leaves(G.with_damping(2.0)) == [2.0]
+    mv = jax.jit(lambda G, p, v: G.mv(p, v))
+    for lam in (0.0, 0.5, 3.0):
+        np.testing.assert_allclose(mv(G.with_damping(lam), jnp.zeros(2), jnp.ones(2)), np.array([3.0, 2.0]) + lam)
+    assert mv._cache_size() == 1
+
+
+def test_vit_hvp_second_eager_call_compiles_nothing():
+    """The block scan was recompiled at every eager call (20x the jitted time on the tiny ViT)."""
+    cfg = mm.ViTConfig(image_size=4, patch_size=2, channels=1, num_classes=3, width=8, depth=2, heads=2, mlp_dim=16)
+    params = mm.init_vit(jax.random.PRNGKey(0), cfg)
+    images = jax.random.normal(jax.random.PRNGKey(1), (5, 4, 4, 1))
+    labels = jnp.array([0, 1, 2, 0, 1])
+    loss = lambda p: mm.cross_entropy(mm.vit_apply(p, images, cfg), labels)
+    v = jax.tree_util.tree_map(jnp.ones_like, params)
+    mg.hvp(loss, params, v)
+    out, n = compiles_during(mg.hvp, loss, params, v)
+    assert n == 0
+    ref = jax.jit(lambda p, v: jax.jvp(jax.grad(loss), (p,), (v,))[1])(params, v)
+    for a, b in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
+        np.testing.assert_allclose(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_failed_cg_inside_compiled_trace_still_raises_its_own_error():
+    """With a Metric, the compiled probe loop cannot raise: the eager caller re-runs one solve, which does."""
+    indefinite = mg.Metric(lambda p, v: jax.tree_util.tree_map(lambda a: a * jnp.array([1.0, -1.0, 1.0]), v), "indefinite")
+    loss = lambda p: jnp.sum(p**2)
+    with pytest.raises(mg.GeometryError, match="not positive definite"):
+        mg.trace_estimate(loss, jnp.ones(3), jax.random.PRNGKey(0), metric=indefinite)
+    with pytest.raises(mg.GeometryError, match="not positive definite"):
+        mg.top_eigenvalues(loss, jnp.ones(3), jax.random.PRNGKey(0), metric=indefinite, num_iterations=3)
