@@ -26,9 +26,10 @@ average over a stack of batches, and return the maximizing perturbation.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
-from typing import Any, Callable, NamedTuple, Sequence, Tuple
+from typing import Any, Callable, ClassVar, NamedTuple, Sequence, Tuple
 
 import jax
 import jax.numpy as jnp
@@ -307,7 +308,7 @@ class SharpnessResult(NamedTuple):
 
 
 # ---------------------------------------------------------------------------
-# the geometry of the perturbation, on flat lists of leaves
+# the search space: one block per parameter group, in coordinates where the ball is Euclidean
 # ---------------------------------------------------------------------------
 def _highest(fn):
     """Run ``fn``'s products at "highest" matmul precision (traced once: no cost at run time)."""
@@ -352,49 +353,85 @@ def _side_backward(Mn, z, R, gram, cache, D):
     return (_mT(K2), Cs, Cc), MtG
 
 
-class _Geometry:
-    """The search space of Auto-PGD: coordinates in which the norm of the ball is Euclidean.
+def _horizontal_whitened(f: _PairFrame, gram: tuple, v: tuple, span: tuple = (None, None), tail=(None, None)) -> list:
+    r"""The horizontal projection of a whitened pair vector :math:`z = (v_G + \hat GS_G + t_G,\ v_H + \hat HS_H + t_H)`.
 
-    The search runs on a list of arrays ("parts"): for each GL(h) pair, its two sides as
-    matrices (bias row included) in **whitened** coordinates ``z = xi P^{-1/2}`` and
-    ``xi Q^{-1/2}`` (metric (15) becomes the Frobenius inner product); for each GL(1) pair
-    ``(u, v)``, ``b = sqrt(2) B`` where ``B`` is the common log-rate of its horizontal velocities
-    (``xi_u = u B``, ``xi_v = v B``; metric ``2 B^2 = b^2``); for every other leaf, ``z`` with
-    ``xi = |w| z`` (the adaptive norm).  So the norm is the parts' joint 2-norm, the ball projection
-    a rescaling, and the Riemannian gradient the gradient in these coordinates followed by the
-    horizontal projection of each pair.
+    ``gram`` holds the products :math:`(\hat G^\top z_G, \hat H^\top z_H)` (``h x h``), from which
+    :func:`~minigeo.quotient._whitened_projection` gives the corrections :math:`(c_G, c_H)`; the
+    projection is :math:`(v_G + \hat G(S_G + c_G) + t_G,\ v_H + \hat H(S_H - c_H) + t_H)`.  A part
+    of the vector in the span of the sides, given as ``span``, is folded into the correction (one
+    product with each tall matrix); ``None`` stands for zero.
+    """
+    cG, cH = _whitened_projection(f, *gram)
+    out = [
+        v[0] + f.Gn @ (cG if span[0] is None else span[0] + cG),
+        v[1] + f.Hn @ (-cH if span[1] is None else span[1] - cH),
+    ]
+    return [o if t is None else o + t for o, t in zip(out, tail)]
 
-    Per pair side and iteration the geometry costs nine products with the tall ``(n, h)``
-    matrices: four for the perturbed point (eq. 7), two Gram matrices of the incoming gradient
-    and three for the projected Riemannian gradient; the projection itself (a Sylvester solve)
-    works on ``h x h`` matrices only.
+
+@dataclasses.dataclass(frozen=True)
+class _Block:
+    r"""One parameter group of the search space, in coordinates ("parts") where its metric is Euclidean.
+
+    A block owns some ``leaves`` (indices in ``tree_leaves`` order) and ``n_parts`` arrays of the
+    search.  Every operation takes the base-point leaves ``w`` and the block's base-point
+    precomputation ``f = frame(w)`` (computed once per evaluation; ``None`` if none is needed):
+
+    - ``shapes(w)``, ``noise_like(w, f)``: the parts' shapes, and the normal draws ``start`` uses;
+    - ``start(w, f, noise)``: a random direction (horizontal, and equivariant under the group);
+    - ``perturb(w, f, parts) -> (moved, cache)``: the perturbed point, as segments that
+      ``write(out, moved)`` puts into a list of leaves;
+    - ``riemannian(w, f, parts, cache, moved, grad)``: the Riemannian gradient in the parts'
+      coordinates, from the gradient ``grad`` of the loss with respect to ``moved``;
+    - ``tangent(w, f, parts)``: the velocity in the weights' coordinates; its metric norm is the
+      parts' 2-norm (:func:`_sq_norm`), which is what makes the ball Euclidean for the ascent.
+
+    The defaults are those of a block of one leaf and one part of its shape.  A new symmetry is a new block.
     """
 
-    def __init__(self, spec: SymmetrySpec | None, *, adaptive: bool = False):
-        """The geometry of ``spec``'s symmetries; ``adaptive=True`` keeps only its redundant leaves
-        (held fixed) and treats every other leaf element-wise (adaptive sharpness)."""
-        use_pairs = spec is not None and not adaptive
-        self.pairs = spec.pairs if use_pairs else ()
-        self.gl1 = spec.gl1_pairs if use_pairs else ()
-        self.eps = spec.eps if use_pairs else 0.0
-        self.names = spec.pair_names if use_pairs else ()
-        self.fixed = tuple(spec.redundant) if spec is not None else ()
-        self.paired = (
-            {i for p in self.pairs for side in p for i in side} | {i for p in self.gl1 for i in p} | set(self.fixed)
-        )
+    n_parts: ClassVar[int] = 1
 
-    def _key(self) -> tuple:
-        return (self.pairs, self.gl1, self.eps, self.fixed)
+    @property
+    def leaves(self) -> tuple[int, ...]:
+        raise NotImplementedError
 
-    def __hash__(self) -> int:  # a static argument of the compiled loop: equal geometries share a compilation
-        return hash(self._key())
+    def frame(self, w: list) -> Any:
+        return None
 
-    def __eq__(self, other: object) -> bool:
-        return isinstance(other, _Geometry) and self._key() == other._key()
+    def shapes(self, w: list) -> list:
+        return [jnp.shape(w[self.leaves[0]])]
+
+    def noise_like(self, w: list, f: Any) -> list:
+        return [w[self.leaves[0]]]
+
+
+@dataclasses.dataclass(frozen=True)
+class _GLhPair(_Block):
+    r"""A GL(h) pair ``(G, H)`` (used as :math:`GH^\top`) under metric (15), as two parts of the search.
+
+    The parts are the sides in **whitened** coordinates :math:`z_G = \xi_G P^{-1/2}`,
+    :math:`z_H = \xi_H Q^{-1/2}` (:math:`P = G^\top G + \epsilon I`, :math:`Q = H^\top H + \epsilon I`,
+    bias rows included), where metric (15) is the Frobenius inner product; the perturbed point is
+    the second-order geodesic :math:`M + \xi - \tfrac12\Gamma(\xi,\xi)` (eq. 7), the Riemannian
+    gradient the horizontal projection of the gradient in ``z``.  Per side and iteration: nine
+    products with the tall ``(n, h)`` matrices (four for the point, two Gram matrices of the incoming
+    gradient, three for the projected gradient); the projection itself works on ``h x h`` matrices.
+    """
+
+    g: Side
+    h: Side
+    eps: float
+
+    n_parts: ClassVar[int] = 2
+
+    @property
+    def leaves(self) -> tuple[int, ...]:
+        return self.g + self.h
 
     @staticmethod
     def gather(x: list, side: Side) -> jax.Array:
-        """The matrix of one pair side: the weight, with the bias appended as a last row if the side has one."""
+        """The matrix of one side: the weight, with the bias appended as a last row if the side has one."""
         if len(side) == 1:
             return x[side[0]]
         return jnp.concatenate([x[side[0]], x[side[1]][..., None, :]], axis=-2)
@@ -407,119 +444,227 @@ class _Geometry:
         else:
             out[side[0]], out[side[1]] = m[..., :-1, :], m[..., -1, :]
 
-    def matrices(self, x: list) -> list[tuple[jax.Array, jax.Array]]:
-        return [(self.gather(x, g), self.gather(x, h)) for g, h in self.pairs]
+    def sides(self, w: list) -> tuple[jax.Array, jax.Array]:
+        return self.gather(w, self.g), self.gather(w, self.h)
 
-    def others(self, w: list) -> list[int]:
-        return [i for i in range(len(w)) if i not in self.paired]
+    def frame(self, w: list) -> _PairFrame:
+        """Metric (15) at the base point, factored from thin SVDs of the sides (once per evaluation)."""
+        return _factor_pair(*self.sides(w), self.eps)
+
+    def shapes(self, w: list) -> list:
+        return [jnp.shape(m) for m in self.sides(w)]  # abstract under jit: free
+
+    def noise_like(self, w: list, f: _PairFrame) -> list:
+        h = f.G.shape[-1]
+        return [jax.ShapeDtypeStruct(M.shape[:-1] + (h,), M.dtype) for M in (f.G, f.H)]
+
+    def start(self, w: list, f: _PairFrame, noise: list) -> list:
+        r"""The Riemannian gradient of a random linear function :math:`\mathrm{Tr}(R^\top GH^\top)` of
+        :math:`GH^\top` (which moves with the group, so the start is equivariant), with :math:`R = AB^\top`
+        of rank h: two products with the tall matrices instead of an ``n x m`` draw and product per head."""
+        A, B = noise
+        # Euclidean gradients (R H, R^T G); whitened, before projection: g P^{1/2}, g Q^{1/2}
+        gG = A @ ((_mT(B) @ f.H) @ f.P_half)
+        gH = B @ ((_mT(A) @ f.G) @ f.Q_half)
+        return _horizontal_whitened(f, (_mT(f.Gn) @ gG, _mT(f.Hn) @ gH), (gG, gH))
+
+    def perturb(self, w: list, f: _PairFrame, parts: list) -> tuple[list, Any]:
+        """The two moved sides as matrices (eq. 7), and what the chain rule needs."""
+        G1, cG = _side_forward(f.Gn, parts[0], f.P_half)
+        H1, cH = _side_forward(f.Hn, parts[1], f.Q_half)
+        return [G1, H1], (cG, cH)
+
+    def write(self, out: list, moved: list) -> None:
+        self.scatter(out, self.g, moved[0])
+        self.scatter(out, self.h, moved[1])
+
+    def riemannian(self, w: list, f: _PairFrame, parts: list, cache: Any, moved: list, grad: list) -> list:
+        r"""The horizontal projection of the gradient in ``z`` of the loss at the moved sides, given its
+        gradient ``grad`` there: with :math:`\xi = (g_G P^{1/2}, g_H Q^{1/2})`, :math:`X` solves
+        :math:`(PQ)X + X(PQ) = PH^\top\xi_H - \xi_G^\top GQ` and the result is
+        :math:`(g_G + GX^\top P^{-1/2},\ g_H - HXQ^{-1/2})` (see :mod:`minigeo.quotient`)."""
+        (zG, zH), (DG, DH), (cG, cH) = parts, grad, cache
+        (KG, CsG, CcG), GtgG = _side_backward(f.Gn, zG, f.P_half, f.gram_G, cG, DG)
+        (KH, CsH, CcH), HtgH = _side_backward(f.Hn, zH, f.Q_half, f.gram_H, cH, DH)
+        return _horizontal_whitened(f, (GtgG, HtgH), (DG @ KG, DH @ KH), (CsG, CsH), (zG @ CcG, zH @ CcH))
+
+    def tangent(self, w: list, f: _PairFrame, parts: list) -> list:
+        """The velocity ``(xi_G, xi_H) = (z_G P^{1/2}, z_H Q^{1/2})`` (sides as matrices)."""
+        return [parts[0] @ f.P_half, parts[1] @ f.Q_half]
+
+
+@dataclasses.dataclass(frozen=True)
+class _GL1Pair(_Block):
+    r"""An element-wise GL(1) pair ``(u, v)`` (used as ``u * v``), as one part ``b = sqrt(2) B``.
+
+    Horizontal velocities are :math:`(\xi_u, \xi_v) = (uB, vB)` with metric :math:`2B^2 = b^2`; the
+    perturbed point is the exact horizontal geodesic :math:`(ue^B, ve^B)` (da Silva et al. 2025, eq. 10).
+    """
+
+    u: int
+    v: int
+
+    @property
+    def leaves(self) -> tuple[int, ...]:
+        return (self.u, self.v)
+
+    def start(self, w: list, f: None, noise: list) -> list:
+        return [math.sqrt(2.0) * noise[0]]
+
+    def perturb(self, w: list, f: None, parts: list) -> tuple[list, None]:
+        B = parts[0] / math.sqrt(2.0)
+        return [(w[self.u] * jnp.exp(B), w[self.v] * jnp.exp(B))], None
+
+    def write(self, out: list, moved: list) -> None:
+        out[self.u], out[self.v] = moved[0]
+
+    def riemannian(self, w: list, f: None, parts: list, cache: None, moved: list, grad: list) -> list:
+        (u1, v1), (gu, gv) = moved[0], grad[0]
+        return [(gu * u1 + gv * v1) / math.sqrt(2.0)]
+
+    def tangent(self, w: list, f: None, parts: list) -> list:
+        B = parts[0] / math.sqrt(2.0)
+        return [(w[self.u] * B, w[self.v] * B)]
+
+
+@dataclasses.dataclass(frozen=True)
+class _ElementWise(_Block):
+    r"""A leaf perturbed element-wise, :math:`\delta = |w|\odot z` with the adaptive norm
+    :math:`\lVert\delta/|w|\rVert_2 = \lVert z\rVert_2` (Kwon et al. 2021), as one part ``z``."""
+
+    leaf: int
+
+    @property
+    def leaves(self) -> tuple[int, ...]:
+        return (self.leaf,)
+
+    def start(self, w: list, f: None, noise: list) -> list:
+        return [noise[0]]
+
+    def perturb(self, w: list, f: None, parts: list) -> tuple[list, None]:
+        wi = w[self.leaf]
+        return [wi + jnp.abs(wi) * parts[0]], None
+
+    def write(self, out: list, moved: list) -> None:
+        out[self.leaf] = moved[0]
+
+    def riemannian(self, w: list, f: None, parts: list, cache: None, moved: list, grad: list) -> list:
+        return [jnp.abs(w[self.leaf]) * grad[0]]
+
+    def tangent(self, w: list, f: None, parts: list) -> list:
+        return [jnp.abs(w[self.leaf]) * parts[0]]
+
+
+def _sq_norm(parts: list, dtype) -> jax.Array:
+    """The squared norm of a search direction: every block's coordinates are orthonormal for its metric."""
+    return sum((jnp.sum(p * p) for p in parts), jnp.zeros((), dtype))
+
+
+class _Geometry:
+    """The search space of Auto-PGD: the blocks of a :class:`SymmetrySpec`, side by side.
+
+    One block per parameter group (:class:`_GLhPair`, :class:`_GL1Pair`, :class:`_ElementWise`), each
+    with the same operations on its own parts: ``frame`` (base-point precomputation), ``start``,
+    ``perturb``/``write`` (the perturbed point), ``riemannian`` and ``tangent``; in every block's
+    coordinates the norm of the ball is Euclidean, so the search sees one list of arrays ("parts",
+    GL(h) pairs first, then GL(1) pairs, then element-wise leaves), the ball projection is a
+    rescaling, and a new symmetry is a new block.  The redundant leaves of the spec belong to no
+    block: they are never perturbed.
+
+    Hashable by its spec's content: a static argument of the compiled search, shared by equal geometries.
+    """
+
+    def __init__(self, spec: SymmetrySpec | None, *, adaptive: bool = False):
+        """The geometry of ``spec``'s symmetries; ``adaptive=True`` keeps only its redundant leaves
+        (held fixed) and treats every other leaf element-wise (adaptive sharpness)."""
+        use_pairs = spec is not None and not adaptive
+        self.pairs = spec.pairs if use_pairs else ()
+        self.gl1 = spec.gl1_pairs if use_pairs else ()
+        self.eps = spec.eps if use_pairs else 0.0
+        self.names = spec.pair_names if use_pairs else ()
+        self.fixed = tuple(spec.redundant) if spec is not None else ()
+        self._paired = [_GLhPair(g, h, self.eps) for g, h in self.pairs] + [_GL1Pair(u, v) for u, v in self.gl1]
+
+    def _key(self) -> tuple:
+        return (self.pairs, self.gl1, self.eps, self.fixed)
+
+    def __hash__(self) -> int:  # a static argument of the compiled loop: equal geometries share a compilation
+        return hash(self._key())
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, _Geometry) and self._key() == other._key()
+
+    def blocks(self, w: list) -> list:
+        """The GL(h) pairs, the GL(1) pairs, then every leaf in none of them (and not redundant) element-wise."""
+        taken = {i for b in self._paired for i in b.leaves} | set(self.fixed)
+        return self._paired + [_ElementWise(i) for i in range(len(w)) if i not in taken]
+
+    def _split(self, w: list, fac: list, *lists: list):
+        """Per block: the block, its frame, and its slice of each list of parts (or segments)."""
+        blocks = self.blocks(w)
+        frames = list(fac) + [None] * (len(blocks) - len(fac))
+        k = 0
+        for b, f in zip(blocks, frames):
+            yield (b, f, *(x[k : k + b.n_parts] for x in lists))
+            k += b.n_parts
 
     @_highest
     def factors(self, w: list) -> list[_PairFrame]:
         """Per-pair factorizations of metric (15) at the base point, from thin SVDs of the sides
         (constant during the search, computed once per evaluation for all batches)."""
-        return [_factor_pair(G, H, self.eps) for G, H in self.matrices(w)]
+        return [b.frame(w) for b in self._paired[: len(self.pairs)]]
 
     def shapes(self, w: list) -> list[tuple[int, ...]]:
         """The shapes of the parts: pair sides (bias rows included), GL(1) rates, other leaves."""
-        sides = [jnp.shape(m) for G, H in self.matrices(w) for m in (G, H)]  # abstract under jit: free
-        return sides + [jnp.shape(w[u]) for u, _ in self.gl1] + [jnp.shape(w[i]) for i in self.others(w)]
+        return [s for b in self.blocks(w) for s in b.shapes(w)]
 
-    # -- the perturbed point and the Riemannian gradient ------------------------------------
     @_highest
     def perturb(self, w: list, fac: list, parts: list) -> tuple[list, list]:
-        """The perturbed weights, segment by segment like ``parts``: eq. (7) on the pair sides (as
-        matrices, bias rows included), eq. (10) on GL(1) pairs (a tuple ``(u', v')``) and
-        ``w + |w| z`` elsewhere; :meth:`assemble` turns them into the list of leaves."""
-        out: list = []
-        caches = []
-        for j, f in enumerate(fac):
-            G1, cG = _side_forward(f.Gn, parts[2 * j], f.P_half)
-            H1, cH = _side_forward(f.Hn, parts[2 * j + 1], f.Q_half)
-            out += [G1, H1]
-            caches.append((cG, cH))
-        k = 2 * len(self.pairs)
-        for j, (ui, vi) in enumerate(self.gl1):  # exact horizontal geodesic, da Silva et al. 2025 eq. (10)
-            B = parts[k + j] / math.sqrt(2.0)
-            out.append((w[ui] * jnp.exp(B), w[vi] * jnp.exp(B)))
-        k += len(self.gl1)
-        for j, i in enumerate(self.others(w)):
-            out.append(w[i] + jnp.abs(w[i]) * parts[k + j])
+        """The perturbed weights, segment by segment like ``parts`` (pair sides as matrices, GL(1)
+        pairs as tuples ``(u', v')``), and each block's cache for :meth:`riemannian`;
+        :meth:`assemble` turns the segments into the list of leaves."""
+        out, caches = [], []
+        for b, f, p in self._split(w, fac, parts):
+            moved, cache = b.perturb(w, f, p)
+            out += moved
+            caches.append(cache)
         return out, caches
 
     def assemble(self, w: list, moved: list) -> list:
-        """The list of leaves from the segments of :meth:`perturb` (the pair sides' bias rows split off).
+        """The list of leaves from the segments of :meth:`perturb` (redundant leaves unperturbed).
 
         Called inside the differentiated loss, so the gradient arrives per segment: a pair side's
         gradient is one matrix, with no concatenation of weight and bias gradients."""
         out: list = [None] * len(w)
-        for i in self.fixed:  # redundant directions: never perturbed
+        for i in self.fixed:
             out[i] = w[i]
-        for j, (gs, hs) in enumerate(self.pairs):
-            self.scatter(out, gs, moved[2 * j])
-            self.scatter(out, hs, moved[2 * j + 1])
-        k = 2 * len(self.pairs)
-        for j, (ui, vi) in enumerate(self.gl1):
-            out[ui], out[vi] = moved[k + j]
-        k += len(self.gl1)
-        for j, i in enumerate(self.others(w)):
-            out[i] = moved[k + j]
+        for b, _, m in self._split(w, [], moved):
+            b.write(out, m)
         return out
 
     @_highest
     def riemannian(self, w: list, fac: list, parts: list, caches: list, moved: list, grad: list) -> list:
-        r"""The Riemannian gradient, in the search coordinates, of ``loss(perturb(parts))``, given the
-        Euclidean gradient ``grad`` of the loss with respect to the segments ``moved`` of :meth:`perturb`.
-
-        On a pair, the gradient in whitened coordinates is projected onto the horizontal space:
-        with :math:`\xi = (g_G P^{1/2}, g_H Q^{1/2})`, :math:`X` solves
-        :math:`(PQ)X + X(PQ) = PH^\top\xi_H - \xi_G^\top GQ` and the result is
-        :math:`(g_G + GX^\top P^{-1/2},\ g_H - HXQ^{-1/2})` (see :mod:`minigeo.quotient`).
-        """
+        """The Riemannian gradient, in the search coordinates, of ``loss(perturb(parts))``, given the
+        Euclidean gradient ``grad`` of the loss with respect to the segments ``moved`` of :meth:`perturb`."""
         out = []
-        for j, (f, (cG, cH)) in enumerate(zip(fac, caches)):
-            zG, zH, DG, DH = parts[2 * j], parts[2 * j + 1], grad[2 * j], grad[2 * j + 1]
-            (KG, CsG, CcG), GtgG = _side_backward(f.Gn, zG, f.P_half, f.gram_G, cG, DG)
-            (KH, CsH, CcH), HtgH = _side_backward(f.Hn, zH, f.Q_half, f.gram_H, cH, DH)
-            corrG, corrH = _whitened_projection(f, GtgG, HtgH)
-            out.append(DG @ KG + f.Gn @ (CsG + corrG) + zG @ CcG)
-            out.append(DH @ KH + f.Hn @ (CsH - corrH) + zH @ CcH)
-        k = 2 * len(self.pairs)
-        for j in range(len(self.gl1)):
-            (u1, v1), (gu, gv) = moved[k + j], grad[k + j]
-            out.append((gu * u1 + gv * v1) / math.sqrt(2.0))
-        k += len(self.gl1)
-        for j, i in enumerate(self.others(w)):
-            out.append(jnp.abs(w[i]) * grad[k + j])
+        for (b, f, p, m, g), cache in zip(self._split(w, fac, parts, moved, grad), caches):
+            out += b.riemannian(w, f, p, cache, m, g)
         return out
 
     @_highest
     def start(self, key: jax.Array, w: list, fac: list) -> list:
-        r"""An equivariant random start: random ``z`` for element-wise leaves and GL(1) pairs, and for
-        each GL(h) pair the Riemannian gradient of a random linear function
-        :math:`\mathrm{Tr}(R^\top GH^\top)` of :math:`GH^\top` (which moves with the group), with
-        :math:`R = AB^\top` of rank h so that drawing it and applying it cost two products with
-        the tall matrices instead of an ``n x m`` draw and product per head.  One draw for all
-        leaves: a separate threefry per leaf multiplies XLA's compile time."""
-        others = self.others(w)
-        h_dims = [f.G.shape[-1] for f in fac]
-        like = [w[u] for u, _ in self.gl1] + [w[i] for i in others]
-        like += [jax.ShapeDtypeStruct(f.G.shape[:-1] + (h,), f.G.dtype) for f, h in zip(fac, h_dims)]
-        like += [jax.ShapeDtypeStruct(f.H.shape[:-1] + (h,), f.H.dtype) for f, h in zip(fac, h_dims)]
-        draws = _normal_like(key, like)
-        n_el = len(self.gl1) + len(others)
-        As, Bs = draws[n_el : n_el + len(fac)], draws[n_el + len(fac) :]
-        parts = []
-        for f, A, B in zip(fac, As, Bs):
-            # Euclidean gradients (R H, R^T G) of Tr(R^T G H^T) with R = A B^T; in whitened
-            # coordinates the Riemannian gradient before projection is g P^{1/2} (resp. g Q^{1/2}),
-            # and G = Gn P^{1/2}, H = Hn Q^{1/2}
-            gG = A @ ((_mT(B) @ f.H) @ f.P_half)
-            gH = B @ ((_mT(A) @ f.G) @ f.Q_half)
-            corrG, corrH = _whitened_projection(f, _mT(f.Gn) @ gG, _mT(f.Hn) @ gH)
-            parts += [gG + f.Gn @ corrG, gH - f.Hn @ corrH]
-        parts += [math.sqrt(2.0) * d for d in draws[: len(self.gl1)]]
-        parts += draws[len(self.gl1) : n_el]
-        return parts
+        """An equivariant random start, every block's from its share of one normal draw (a separate
+        threefry per leaf multiplies XLA's compile time).  The draw is laid out as before the blocks
+        existed, so that a key gives the same start: the first array of every one-array block (GL(1),
+        element-wise), then every GL(h) pair's first array, then every pair's second."""
+        split = list(self._split(w, fac))
+        likes = [b.noise_like(w, f) for b, f in split]
+        order = sorted((j, len(like), i) for i, like in enumerate(likes) for j in range(len(like)))
+        draws = _normal_like(key, [likes[i][j] for j, _, i in order])
+        noise: list[list] = [[None] * len(like) for like in likes]
+        for (j, _, i), d in zip(order, draws):
+            noise[i][j] = d
+        return [p for (b, f), n in zip(split, noise) for p in b.start(w, f, n)]
 
 
 def _normal_like(key: jax.Array, like: list) -> list:
@@ -579,138 +724,144 @@ def _check_common(rho: Any, batches: PyTree, n_iter: int) -> int:
     return sizes.pop()
 
 
-def _auto_pgd(
-    loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, momentum: float, keep: bool, n_restarts: int = 0
-):
-    """Auto-PGD on one batch from the base-point factorization ``fac``; returns (value, all finite, perturbation).
+# ---------------------------------------------------------------------------
+# the ascent: Auto-PGD as pure init/propose/update functions on a NamedTuple state
+# ---------------------------------------------------------------------------
+def _norm(v: PyTree, dtype) -> jax.Array:
+    """The Euclidean norm of a search direction (floored at the smallest normal, so that it divides safely)."""
+    sq = _sq_norm(jax.tree_util.tree_leaves(v), dtype)
+    return jnp.sqrt(jnp.maximum(sq, jnp.finfo(sq.dtype).tiny))
 
-    Run 0 is the single run of Croce & Hein from the random start of :meth:`_Geometry.start` (so
-    ``n_restarts=0`` reproduces it exactly); then up to ``n_restarts`` more runs of ``n_iter``
-    iterations each, every one from the **antipode** ``-x`` of the previous run's best point, keeping
-    the best point of all, until ``_RESTART_PATIENCE`` runs in a row raised the best value by less
-    than ``_RESTART_RTOL`` of the sharpness.  Near a minimum the loss rises through its Hessian's
-    quadratic form, which is even in the perturbation: the ascent's local maxima come in
-    near-antipodal pairs whose values differ by the odd (third-order) terms, and a run ends near the
-    member on its start's side.  The antipodal run tries the other member and, the quadratic part
-    being even, also continues the previous run's convergence towards the top curvature direction
-    with a fresh step size (each run halves its step as it stalls, which slows that convergence).
+
+def _scale(c, v: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(lambda p: c * p, v)
+
+
+def _select(cond, a: PyTree, b: PyTree) -> PyTree:
+    return jax.tree_util.tree_map(lambda x, y: jnp.where(cond, x, y), a, b)
+
+
+class _AscentState(NamedTuple):
+    """The loop state of :class:`_AutoPGD` (Croce & Hein 2020, Algorithm 1)."""
+
+    k: jax.Array  #: iteration; 0 evaluates the start point only
+    x: PyTree  #: current point
+    x_prev: PyTree  #: previous point (momentum)
+    f: jax.Array  #: value at x
+    g: PyTree  #: (Riemannian) gradient at x
+    eta: jax.Array  #: step size
+    best_x: PyTree
+    best_f: jax.Array
+    best_g: PyTree
+    succ: jax.Array  #: iterations that raised the value since the last checkpoint
+    last_ck: jax.Array  #: the last checkpoint
+    eta_ck: jax.Array  #: the step size at the last checkpoint
+    best_ck: jax.Array  #: the best value at the last checkpoint
+    finite: jax.Array  #: every value so far finite
+
+
+class _AutoPGD(NamedTuple):
+    r"""Auto-PGD maximization over the ball :math:`\lVert x\rVert_2 \le \rho` of a pytree ``x`` (Croce & Hein 2020).
+
+    Normalized gradient steps :math:`z = \Pi(x + \eta g/\lVert g\rVert)`, momentum
+    :math:`x' = \Pi(x + \alpha(z - x) + (1 - \alpha)(x - x_{\text{prev}}))` (:math:`\alpha = 1` at the
+    first iteration), and at the checkpoints of :func:`_checkpoints` the step size halves and the
+    search returns to its best point unless 75 % of the iterations since the last checkpoint raised
+    the value (or neither step size nor best value changed since).  :math:`\Pi` is the projection
+    onto the ball, a rescaling; with a Riemannian gradient in coordinates where the metric is
+    Euclidean (see :class:`_Geometry`) this is the Riemannian Auto-PGD of da Silva et al. 2025,
+    Algorithm 1.
+
+    Pure functions in the style of optax: ``state = init(x0)``; then per iteration
+    ``x = propose(state)``, evaluate ``f, g`` at ``x``, ``state = update(state, x, f, g)``.
+    The first update only records the start (so the best value is never the initial ``-inf``).
     """
-    w, treedef = jax.tree_util.tree_flatten(params)
-    base = loss_fn(params, batch)
-    ftype = base.dtype
-    rho = jnp.asarray(rho, ftype)
-    loss_at = jax.value_and_grad(
-        lambda moved: loss_fn(jax.tree_util.tree_unflatten(treedef, geometry.assemble(w, moved)), batch)
-    )
 
-    # The search runs on the list of per-segment arrays (pair sides, GL(1) rates, other leaves)
-    # in coordinates where the ball is Euclidean; see _Geometry.  Keeping the segments apart
-    # (instead of one raveled vector) saves a copy of every parameter per iteration.  The
-    # geometry runs at "highest" matmul precision; the loss at the caller's.
-    tmap = jax.tree_util.tree_map
+    rho: jax.Array  #: radius (its dtype is the search's)
+    n_iter: int
+    momentum: float = 0.75
 
-    def value_and_riemannian_grad(parts):
-        moved, caches = geometry.perturb(w, fac, parts)
-        f, grad = loss_at(moved)
-        return f, geometry.riemannian(w, fac, parts, caches, moved, grad)
+    def project(self, v: PyTree) -> PyTree:
+        return _scale(jnp.minimum(1.0, self.rho / _norm(v, self.rho.dtype)), v)
 
-    def norm(v):
-        sq = sum((jnp.sum(p * p) for p in v), jnp.zeros((), ftype))
-        return jnp.sqrt(jnp.maximum(sq, jnp.finfo(sq.dtype).tiny))
-
-    def scale(c, v):
-        return [c * p for p in v]
-
-    def project(v):
-        return scale(jnp.minimum(1.0, rho / norm(v)), v)
-
-    def where(cond, a, b):
-        return tmap(lambda x, y: jnp.where(cond, x, y), a, b)
-
-    def random_start(k):
-        v = geometry.start(k, w, fac)
-        return scale(0.5 * rho / norm(v), v)
-
-    checkpoints = jnp.zeros(n_iter + 1, dtype=bool).at[jnp.asarray(_checkpoints(n_iter))].set(True)
-    eta0 = 2.0 * rho
-    none = jnp.asarray(-jnp.inf, ftype)
-
-    # Iteration k = 1..n_iter of Auto-PGD is loop step k; step 0 only evaluates the start point,
-    # which always becomes the first best point (so the result is never the initial -inf).
-    # One value-and-gradient per step, traced once: the Riemannian gradient at the new point is
-    # carried to the next step (and the best point's kept for restarts), so no forward pass is repeated.
-    def body(k, s):
-        start = k == 0
-        rg = s["g"]
-        step = jnp.where(start, 0.0, s["eta"]) / norm(rg)
-        z = project(tmap(lambda x, r: x + step * r, s["x"], rg))
-        mom = jnp.where(k <= 1, 1.0, momentum).astype(ftype)  # the first iteration takes z itself
-        x_new = project(
-            tmap(lambda x, zz, xp: x + mom * (zz - x) + (1 - mom) * (x - xp), s["x"], z, s["x_prev"])
+    def init(self, x0: PyTree, finite=True) -> _AscentState:
+        none = jnp.asarray(-jnp.inf, self.rho.dtype)
+        zeros = jax.tree_util.tree_map(jnp.zeros_like, x0)
+        eta0, zero = 2.0 * self.rho, jnp.zeros((), jnp.int32)
+        return _AscentState(
+            zero, x0, x0, none, zeros, eta0, x0, none, zeros, zero, zero, eta0, none, jnp.asarray(finite)
         )
-        f_new, g_new = value_and_riemannian_grad(x_new)
+
+    def propose(self, s: _AscentState) -> PyTree:
+        """The next point to evaluate (the start itself at ``k = 0``)."""
+        tmap, ftype = jax.tree_util.tree_map, self.rho.dtype
+        step = jnp.where(s.k == 0, 0.0, s.eta) / _norm(s.g, ftype)
+        z = self.project(tmap(lambda x, r: x + step * r, s.x, s.g))
+        mom = jnp.where(s.k <= 1, 1.0, self.momentum).astype(ftype)  # the first iteration takes z itself
+        return self.project(tmap(lambda x, zz, xp: x + mom * (zz - x) + (1 - mom) * (x - xp), s.x, z, s.x_prev))
+
+    def update(self, s: _AscentState, x_new: PyTree, f_new: jax.Array, g_new: PyTree) -> _AscentState:
+        """Record the value ``f_new`` and gradient ``g_new`` at ``x_new``; halve at a checkpoint."""
+        start = s.k == 0
         # a non-finite gradient makes the next iterate, hence its value, non-finite: checking the
         # value suffices (no extra pass over every parameter's gradient per iteration)
-        finite = s["finite"] & jnp.isfinite(f_new)
-        succ = s["succ"] + ((f_new > s["f"]) & ~start).astype(jnp.int32)
-        better = (f_new > s["best_f"]) | start
-        best_x = where(better, x_new, s["best_x"])
-        best_g = where(better, g_new, s["best_g"])
-        best_f = jnp.where(better, f_new, s["best_f"])
-        at_ck = checkpoints[k]
-        span = (k - s["last_ck"]).astype(ftype)
-        halve = at_ck & ((succ < 0.75 * span) | ((s["eta"] == s["eta_ck"]) & (best_f == s["best_ck"])))
-        return dict(
-            x=where(halve, best_x, x_new),
-            x_prev=where(halve, best_x, s["x"]),
+        finite = s.finite & jnp.isfinite(f_new)
+        succ = s.succ + ((f_new > s.f) & ~start).astype(jnp.int32)
+        better = (f_new > s.best_f) | start
+        best_x = _select(better, x_new, s.best_x)
+        best_g = _select(better, g_new, s.best_g)
+        best_f = jnp.where(better, f_new, s.best_f)
+        at_ck = jnp.isin(s.k, jnp.asarray(_checkpoints(self.n_iter)))
+        span = (s.k - s.last_ck).astype(self.rho.dtype)
+        halve = at_ck & ((succ < 0.75 * span) | ((s.eta == s.eta_ck) & (best_f == s.best_ck)))
+        return _AscentState(
+            k=s.k + 1,
+            x=_select(halve, best_x, x_new),
+            x_prev=_select(halve, best_x, s.x),
             f=jnp.where(halve, best_f, f_new),
-            g=where(halve, best_g, g_new),
-            eta=jnp.where(halve, s["eta"] / 2, s["eta"]),
+            g=_select(halve, best_g, g_new),
+            eta=jnp.where(halve, s.eta / 2, s.eta),
             best_x=best_x,
             best_f=best_f,
             best_g=best_g,
             succ=jnp.where(at_ck, 0, succ),
-            last_ck=jnp.where(at_ck, k, s["last_ck"]),
-            eta_ck=jnp.where(at_ck, s["eta"], s["eta_ck"]),
-            best_ck=jnp.where(start, f_new, jnp.where(at_ck, best_f, s["best_ck"])),
+            last_ck=jnp.where(at_ck, s.k, s.last_ck),
+            eta_ck=jnp.where(at_ck, s.eta, s.eta_ck),
+            best_ck=jnp.where(start, f_new, jnp.where(at_ck, best_f, s.best_ck)),
             finite=finite,
         )
 
-    def run(v0, finite):
-        """One Auto-PGD run of n_iter iterations from v0: its best point, value and finiteness."""
-        zeros = [jnp.zeros_like(p) for p in v0]
-        state = dict(
-            x=v0,
-            x_prev=v0,
-            f=none,
-            g=zeros,
-            eta=eta0,
-            best_x=v0,
-            best_f=none,
-            best_g=zeros,
-            succ=jnp.zeros((), jnp.int32),
-            last_ck=jnp.zeros((), jnp.int32),
-            eta_ck=eta0,
-            best_ck=none,
-            finite=finite,
-        )
-        s = jax.lax.fori_loop(0, n_iter + 1, body, state)
-        return s["best_x"], s["best_f"], s["finite"]
+    def run(self, value_and_grad: Callable, x0: PyTree, finite=True) -> tuple[PyTree, jax.Array, jax.Array]:
+        """``n_iter`` iterations from ``x0`` (one ``lax`` loop, one evaluation per iteration plus the
+        start's): the best point, its value, and whether every value was finite."""
 
-    # All runs in one loop, so the run is traced and compiled once whatever n_restarts; run r >= 1
-    # starts at the antipode of run r - 1's best point, run 0 at the random start (the antipode of
-    # its antipode, exactly).  Stop after n_restarts + 1 runs, or once _RESTART_PATIENCE runs in a
-    # row raised the best value by less than _RESTART_RTOL of the sharpness, or at a non-finite value.
+        def body(_, s):
+            x = self.propose(s)
+            return self.update(s, x, *value_and_grad(x))
+
+        s = jax.lax.fori_loop(0, self.n_iter + 1, body, self.init(x0, finite))
+        return s.best_x, s.best_f, s.finite
+
+
+def _antipodal_restarts(run: Callable, x0: PyTree, base: jax.Array, n_restarts: int, finite):
+    """The best of up to ``n_restarts + 1`` runs, run 0 from ``x0`` and run r >= 1 from the antipode of
+    run r - 1's best point; stop once ``_RESTART_PATIENCE`` runs in a row raised the best value by
+    less than ``_RESTART_RTOL`` of ``best - base``, or at a non-finite value.
+
+    ``run(x0, finite) -> (best_x, best_f, finite)``.  All runs are one ``lax.while_loop``, so a run is
+    traced and compiled once whatever ``n_restarts``.  Returns the best point, value and finiteness.
+    """
+
     def one_run(c):
         r, x_prev_run, x_best, f_best, fin, stall = c
-        x_run, f_run, fin = run(scale(-1.0, x_prev_run), fin)
+        x_run, f_run, fin = run(_scale(-1.0, x_prev_run), fin)  # run 0: the antipode of the antipode of x0
         first = r == 0
         improved = first | (f_run > f_best + _RESTART_RTOL * jnp.abs(f_best - base))
         better = first | (f_run > f_best)
         return (
             r + 1,
             x_run,
-            where(better, x_run, x_best),
+            _select(better, x_run, x_best),
             jnp.where(better, f_run, f_best),
             fin,
             jnp.where(improved, 0, stall + 1),
@@ -720,10 +871,48 @@ def _auto_pgd(
         r, _, _, _, fin, stall = c
         return (r == 0) | ((r <= n_restarts) & (stall < _RESTART_PATIENCE) & fin)
 
-    v0 = random_start(key)
-    zero = jnp.zeros((), jnp.int32)
+    zero, none = jnp.zeros((), jnp.int32), jnp.asarray(-jnp.inf, base.dtype)
     _, _, best_x, best_f, finite, _ = jax.lax.while_loop(
-        go_on, one_run, (zero, scale(-1.0, v0), v0, none, jnp.isfinite(base), zero)
+        go_on, one_run, (zero, _scale(-1.0, x0), x0, none, finite, zero)
+    )
+    return best_x, best_f, finite
+
+
+def _auto_pgd(
+    loss_fn, geometry, params, fac, batch, rho, key, n_iter: int, momentum: float, keep: bool, n_restarts: int = 0
+):
+    """Auto-PGD on one batch from the base-point factorization ``fac``; returns (value, all finite, perturbation).
+
+    The search runs on the list of per-block parts of ``geometry`` (pair sides, GL(1) rates, other
+    leaves), in coordinates where the ball is Euclidean; keeping them apart (instead of one raveled
+    vector) saves a copy of every parameter per iteration.  The geometry runs at "highest" matmul
+    precision, the loss at the caller's.  One value-and-gradient per iteration, traced once.
+
+    Run 0 is the single run of Croce & Hein from half the radius in the random direction of
+    :meth:`_Geometry.start` (so ``n_restarts=0`` reproduces it exactly); then up to ``n_restarts``
+    antipodal runs (:func:`_antipodal_restarts`).  Near a minimum the loss rises through its
+    Hessian's quadratic form, which is even in the perturbation: the ascent's local maxima come in
+    near-antipodal pairs whose values differ by the odd (third-order) terms, and a run ends near the
+    member on its start's side.  The antipodal run tries the other member and, the quadratic part
+    being even, also continues the previous run's convergence towards the top curvature direction
+    with a fresh step size (each run halves its step as it stalls, which slows that convergence).
+    """
+    w, treedef = jax.tree_util.tree_flatten(params)
+    base = loss_fn(params, batch)
+    ascent = _AutoPGD(jnp.asarray(rho, base.dtype), n_iter, momentum)
+    loss_at = jax.value_and_grad(
+        lambda moved: loss_fn(jax.tree_util.tree_unflatten(treedef, geometry.assemble(w, moved)), batch)
+    )
+
+    def value_and_riemannian_grad(parts):
+        moved, caches = geometry.perturb(w, fac, parts)
+        f, grad = loss_at(moved)
+        return f, geometry.riemannian(w, fac, parts, caches, moved, grad)
+
+    v = geometry.start(key, w, fac)
+    v0 = _scale(0.5 * ascent.rho / _norm(v, base.dtype), v)
+    best_x, best_f, finite = _antipodal_restarts(
+        lambda x0, fin: ascent.run(value_and_riemannian_grad, x0, fin), v0, base, n_restarts, jnp.isfinite(base)
     )
     perturbation = None
     if keep:

@@ -663,3 +663,233 @@ def test_restarts_compile_once_and_work_under_jit_and_vmap():
     for bad in (-1, 1.5, True, "2"):
         with pytest.raises(mg.GeometryError, match=r"n_restarts"):
             mg.adaptive_sharpness(loss, params, batches, 0.1, key=jax.random.PRNGKey(0), n_restarts=bad)
+
+
+# ---------------------------------------------------------------------------
+# the sharpness core piece by piece (issue 21): search-space blocks, the ascent step, compilation
+# ---------------------------------------------------------------------------
+def _block_problem(eps=0.0):
+    """Leaves, a smooth loss of all of them, and the three kinds of block on them."""
+    from minigeo.sharpness import _ElementWise, _GL1Pair, _GLhPair
+
+    r = rng(40)
+    w = [
+        jnp.asarray(r.normal(size=(2, 5, 3))),  # G weight (two heads)
+        jnp.asarray(r.normal(size=(2, 3))),  # G bias, appended as a last row
+        jnp.asarray(r.normal(size=(2, 4, 3))),  # H
+        jnp.asarray(r.uniform(0.5, 2.0, size=4)),  # u
+        jnp.asarray(r.uniform(-2.0, -0.5, size=4)),  # v
+        jnp.asarray(r.normal(size=6)),  # element-wise
+    ]
+    X = jnp.asarray(r.normal(size=(7, 5)))
+
+    def loss(leaves):
+        Wq, bq, Wk, u, v, c = leaves
+        scores = jnp.einsum("tn,hnk,hmk->htm", X, Wq, Wk) + jnp.einsum("hk,hmk->hm", bq, Wk)[:, None]
+        return jnp.sum(jnp.tanh(scores) ** 2) + jnp.sum(jnp.sin(u * v)) + jnp.sum(jnp.cos(c) * c)
+
+    return w, loss, [_GLhPair((0, 1), (2,), eps), _GL1Pair(3, 4), _ElementWise(5)]
+
+
+def _block_loss(block, w, f, loss):
+    """The loss as a function of one block's parts (the other leaves at the base point)."""
+
+    def F(parts):
+        out = list(w)
+        block.write(out, block.perturb(w, f, parts)[0])
+        return loss(out)
+
+    return F
+
+
+@pytest.mark.parametrize("eps", [0.0, 1e-2])
+def test_search_space_blocks_against_the_quotient_functions(eps):
+    """Each block: the norm of its parts is the metric norm of its velocity (metric (15), the GL(1) metric,
+    the adaptive norm), the perturbed point is the public geodesic (eq. 7, eq. 10, w + delta), and the
+    Riemannian gradient is the (horizontal projection of the) gradient of the loss in the block's
+    coordinates by autodiff, horizontal, and its inner product with a horizontal direction is the
+    directional derivative."""
+    from minigeo.sharpness import _horizontal_whitened, _sq_norm
+
+    w, loss, (glh, gl1, elw) = _block_problem(eps)
+    r = rng(41)
+    for block in (glh, gl1, elw):
+        f = block.frame(w)
+        parts = [jnp.asarray(r.normal(size=s)) * 0.3 for s in block.shapes(w)]
+        assert len(parts) == block.n_parts
+        xi = block.tangent(w, f, parts)
+        moved, cache = block.perturb(w, f, parts)
+        F = _block_loss(block, w, f, loss)
+        out = list(w)
+        block.write(out, moved)
+        grad = jax.grad(lambda m: loss(_written(block, w, m)))(moved)
+        rg = block.riemannian(w, f, parts, cache, moved, grad)
+        auto = jax.grad(F)(parts)
+        if block is glh:
+            point = block.sides(w)
+            np.testing.assert_allclose(_sq_norm(parts, jnp.float64), mg.gl_metric(point, tuple(xi), tuple(xi), eps=eps), rtol=1e-12)
+            for a, e in zip(moved, mg.geodesic_step(point, tuple(xi), eps=eps)):
+                np.testing.assert_allclose(a, e, rtol=1e-11, atol=1e-12)
+            proj = lambda z: _horizontal_whitened(f, (jnp.swapaxes(f.Gn, -1, -2) @ z[0], jnp.swapaxes(f.Hn, -1, -2) @ z[1]), z)
+            # the projection in whitened coordinates is the public one in the coordinates xi = z P^{1/2}
+            pub = mg.horizontal_projection(point, tuple(xi), eps=eps)
+            for a, e in zip(block.tangent(w, f, proj(parts)), pub):
+                np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-12)
+            expected = proj(auto)
+            if eps == 0:  # horizontal: fixed by the projection (with eps > 0 the relaxed formula of
+                # App. G.2 is not idempotent, so only eps = 0 has a horizontal space to check against)
+                rxi = block.tangent(w, f, rg)
+                for a, e in zip(mg.horizontal_projection(point, tuple(rxi)), rxi):
+                    np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-11)
+            d = proj([jnp.asarray(r.normal(size=s)) for s in block.shapes(w)])
+        else:
+            if block is gl1:
+                (u, v), (xu, xv) = (w[3], w[4]), xi[0]
+                np.testing.assert_allclose(_sq_norm(parts, jnp.float64), mg.gl1_metric((u, v), (xu, xv), (xu, xv)), rtol=1e-12)
+                for a, e in zip(moved[0], mg.gl1_geodesic((u, v), (xu, xv))):
+                    np.testing.assert_allclose(a, e, rtol=1e-13)
+            else:
+                np.testing.assert_allclose(_sq_norm(parts, jnp.float64), jnp.sum((xi[0] / jnp.abs(w[5])) ** 2), rtol=1e-12)
+                np.testing.assert_allclose(moved[0], w[5] + xi[0], rtol=1e-14)
+            expected = auto  # no vertical directions in these coordinates
+            d = [jnp.asarray(r.normal(size=s)) for s in block.shapes(w)]
+        for a, e in zip(rg, expected):
+            np.testing.assert_allclose(a, e, rtol=1e-9, atol=1e-11)
+        if block is not glh or eps == 0:  # along a horizontal direction: the directional derivative
+            _, deriv = jax.jvp(F, (parts,), (d,))
+            np.testing.assert_allclose(sum(jnp.sum(a * b) for a, b in zip(rg, d)), deriv, rtol=1e-9)
+
+
+def _written(block, w, moved):
+    out = list(w)
+    block.write(out, moved)
+    return out
+
+
+def test_search_space_start_is_horizontal_and_equivariant():
+    """The GL(h) start is horizontal, and moves with the group: the start at (G A^{-1}, H A^T) is the start
+    at (G, H) acted on (xi_G A^{-1}, xi_H A^T) for the same key; the geometry's start draws each block's
+    share of one normal draw."""
+    from minigeo.sharpness import _Geometry, _normal_like
+
+    w, loss, (glh, gl1, elw) = _block_problem()
+    f = glh.frame(w)
+    noise = _normal_like(jax.random.PRNGKey(3), glh.noise_like(w, f))
+    xi = glh.tangent(w, f, glh.start(w, f, noise))
+    point = glh.sides(w)
+    for a, e in zip(mg.horizontal_projection(point, tuple(xi)), xi):
+        np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-12)
+    A = jnp.stack([random_invertible(rng(42), 3) * 2.0 for _ in range(2)])
+    moved_w = list(w)
+    Ginv = jnp.linalg.inv(A)
+    moved_w[0], moved_w[1] = w[0] @ Ginv, jnp.einsum("he,hef->hf", w[1], Ginv)
+    moved_w[2] = w[2] @ jnp.swapaxes(A, -1, -2)
+    f2 = glh.frame(moved_w)
+    xi2 = glh.tangent(moved_w, f2, glh.start(moved_w, f2, noise))
+    np.testing.assert_allclose(xi2[0], xi[0] @ Ginv, rtol=1e-9, atol=1e-11)
+    np.testing.assert_allclose(xi2[1], xi[1] @ jnp.swapaxes(A, -1, -2), rtol=1e-9, atol=1e-11)
+    # the geometry's parts: blocks in order, each of its declared shapes
+    params = {"Wq": w[0], "bq": w[1], "Wk": w[2], "u": w[3], "v": w[4], "c": w[5]}
+    spec = mg.symmetry_spec(params, [(mg.with_bias(("Wq",), ("bq",)), ("Wk",))], gl1_pairs=[(("u",), ("v",))])
+    geometry = _Geometry(spec)
+    leaves = jax.tree_util.tree_leaves(params)
+    start = geometry.start(jax.random.PRNGKey(0), leaves, geometry.factors(leaves))
+    assert [p.shape for p in start] == [tuple(s) for s in geometry.shapes(leaves)]
+    assert [type(b).__name__ for b in geometry.blocks(leaves)] == ["_GLhPair", "_GL1Pair", "_ElementWise"]
+
+
+def test_geometry_hash_shares_compilations():
+    """Equal specs give equal, equally hashed geometries (one compilation); different ones differ."""
+    from minigeo.sharpness import _Geometry
+
+    params, _, _ = attention_problem()
+    a = _Geometry(mg.symmetry_spec(params, [(("G",), ("H",))]))
+    b = _Geometry(mg.symmetry_spec(params, [(("G",), ("H",))]))
+    c = _Geometry(mg.symmetry_spec(params, [(("G",), ("H",))], eps=1e-3))
+    assert a == b and hash(a) == hash(b) and a != c
+    assert _Geometry(None, adaptive=True) == _Geometry(mg.symmetry_spec(params, [(("G",), ("H",))]), adaptive=True)
+
+
+def _sphere_quadratic(seed, d=6):
+    r = rng(seed)
+    Q, _ = np.linalg.qr(r.normal(size=(d, d)))
+    lam = np.array([3.0, 2.0, 1.0, 0.5, -1.0, -2.5])[:d]
+    return Q @ np.diag(lam) @ Q.T, lam[0], Q[:, 0]
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_ascent_step_finds_the_top_eigenvalue_on_the_sphere(dtype):
+    """max of v^T A v over |v| <= rho is rho^2 lambda_max, at +-rho times the top eigenvector; the ascent
+    runs on a pytree (a list of two arrays), its proposals never leave the ball, its best value never
+    decreases, and init/propose/update are pure (jit gives the same states)."""
+    from minigeo.sharpness import _AutoPGD
+
+    A, lam_max, top = _sphere_quadratic(43)
+    A_ = jnp.asarray(A, dtype)
+    rho = 0.3
+    eps = float(jnp.finfo(dtype).eps)
+
+    def value_and_grad(x):
+        v = jnp.concatenate(x)
+        return v @ A_ @ v, list(jnp.split(2.0 * A_ @ v, [2]))
+
+    ascent = _AutoPGD(jnp.asarray(rho, dtype), n_iter=60)
+    x0 = list(jnp.split(jnp.asarray(rng(44).normal(size=6) * 0.05, dtype), [2]))
+    best_x, best_f, finite = jax.jit(lambda x: ascent.run(value_and_grad, x))(x0)
+    assert bool(finite) and best_f.dtype == dtype
+    np.testing.assert_allclose(float(best_f), rho**2 * lam_max, rtol=100 * eps)
+    v = np.asarray(jnp.concatenate(best_x), np.float64)
+    np.testing.assert_allclose(np.linalg.norm(v), rho, rtol=10 * eps)
+    np.testing.assert_allclose(abs(v @ top), rho, rtol=100 * eps)
+    # step by step: the same result, proposals inside the ball, monotone best value
+    s = ascent.init(x0)
+    update, propose = jax.jit(ascent.update), jax.jit(ascent.propose)
+    last = -np.inf
+    for _ in range(ascent.n_iter + 1):
+        x = propose(s)
+        assert float(jnp.linalg.norm(jnp.concatenate(x))) <= rho * (1 + 10 * eps)
+        s = update(s, x, *value_and_grad(x))
+        assert float(s.best_f) >= last
+        last = float(s.best_f)
+    assert int(s.k) == ascent.n_iter + 1
+    np.testing.assert_allclose(float(s.best_f), float(best_f), rtol=10 * eps)
+
+
+def test_antipodal_restarts_find_the_larger_of_two_maxima():
+    """g.x + x^T H x / 2 on |x| <= rho has two local maxima near +-(top eigenvector); from a start on the
+    smaller one's side a single run ends there, and the antipodal restart reaches the exact maximum."""
+    from minigeo.sharpness import _antipodal_restarts, _AutoPGD
+
+    H, lam_max, top = _sphere_quadratic(45)
+    rho = 0.5
+    g = 0.05 * rho * lam_max * top
+    exact, x_star = _trust_region_max(g, H, rho)
+    H_, g_ = jnp.asarray(H), jnp.asarray(g)
+    vg = lambda x: (g_ @ x + 0.5 * x @ H_ @ x, g_ + H_ @ x)
+    ascent = _AutoPGD(jnp.asarray(rho), n_iter=40)
+    x0 = jnp.asarray(-0.5 * rho * top + 0.01)  # on the side of the smaller maximum
+    run = lambda x, fin: ascent.run(vg, x, fin)
+    single = float(run(x0, True)[1])
+    best_x, best_f, finite = jax.jit(lambda x: _antipodal_restarts(run, x, jnp.zeros(()), 3, jnp.asarray(True)))(x0)
+    assert single < exact * (1 - 1e-3) and bool(finite)
+    np.testing.assert_allclose(float(best_f), exact, rtol=1e-8)
+    np.testing.assert_allclose(np.asarray(best_x), x_star, atol=1e-5)
+
+
+def test_no_recompilation_on_repeated_eager_calls():
+    """A second eager call with same-shaped inputs (other values, other key) compiles nothing new, for
+    adaptive and geodesic sharpness alike."""
+    from minigeo.sharpness import _factorize, _search_batches
+
+    params, loss, batches = attention_problem()
+    spec = mg.symmetry_spec(params, [(("G",), ("H",))])
+    calls = [
+        lambda p, k: mg.adaptive_sharpness(loss, p, batches, 0.1, key=k, n_iter=3),
+        lambda p, k: mg.geodesic_sharpness(loss, p, batches, spec, 0.1, key=k, n_iter=3),
+    ]
+    for call in calls:
+        call(params, jax.random.PRNGKey(0))
+        sizes = _search_batches._cache_size(), _factorize._cache_size()
+        again = call(jax.tree_util.tree_map(lambda x: 1.01 * x, params), jax.random.PRNGKey(1))
+        assert bool(again.ok)
+        assert (_search_batches._cache_size(), _factorize._cache_size()) == sizes
