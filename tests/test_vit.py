@@ -639,3 +639,111 @@ def test_open_clip_converter_reports_wrong_shapes(key, shape, expected):
     with pytest.raises(mg.GeometryError, match="do not fit the width") as err:
         mm.vit_from_open_clip(dict(sd, **{key: np.ones(shape)}), act="gelu", heads=3)
     assert f"{key} {shape} (expected {expected})" in str(err.value)
+
+
+# ---------------------------------------------------------------------------
+# vit_apply's hand-written derivatives (custom JVP rules of LayerNorm and the exact GELU) against
+# autodiff through the plain formulas
+# ---------------------------------------------------------------------------
+def plain_vit_apply(params, images, c):
+    """vit_apply as first written: LayerNorm and GELU as plain formulas, derivatives traced by JAX."""
+
+    def ln(x, p):
+        mean = jnp.mean(x, axis=-1, keepdims=True)
+        var = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+        return (x - mean) * jax.lax.rsqrt(var + c.ln_eps) * p["scale"] + p["bias"]
+
+    def mha(x, a):
+        q = jnp.einsum("btd,hde->bhte", x, a["W_q"]) + a["b_q"][:, None, :]
+        k = jnp.einsum("btd,hde->bhte", x, a["W_k"]) + a["b_k"][:, None, :]
+        v = jnp.einsum("btd,hde->bhte", x, a["W_v"]) + a["b_v"][:, None, :]
+        scores = jnp.einsum("bhte,bhse->bhts", q, k) / jnp.sqrt(jnp.asarray(q.shape[-1], x.dtype))
+        mixed = jnp.einsum("bhts,bhse->bhte", jax.nn.softmax(scores, axis=-1), v)
+        return jnp.einsum("bhte,hde->btd", mixed, a["W_o"]) + a["b_o"]
+
+    if c.gelu == "quick":
+        gelu = lambda u: u * jax.nn.sigmoid(1.702 * u)
+    else:
+        gelu = lambda u: jax.nn.gelu(u, approximate=c.gelu == "tanh")
+    dtype = params["pos_embed"].dtype
+    x = mm.vit.patchify(images.astype(dtype), c.patch_size) @ params["patch_embed"]["kernel"]
+    if c.patch_bias:
+        x = x + params["patch_embed"]["bias"]
+    cls = jnp.broadcast_to(params["cls_token"], (x.shape[0], 1, c.width))
+    x = jnp.concatenate([cls, x], axis=1) + params["pos_embed"]
+    if c.pre_norm:
+        x = ln(x, params["ln_pre"])
+
+    def block(z, p):
+        z = z + mha(ln(z, p["ln1"]), p["attn"])
+        y = gelu(ln(z, p["ln2"]) @ p["mlp"]["fc1"]["kernel"] + p["mlp"]["fc1"]["bias"])
+        return z + y @ p["mlp"]["fc2"]["kernel"] + p["mlp"]["fc2"]["bias"], None
+
+    x, _ = jax.lax.scan(block, x, params["blocks"])
+    x = ln(x[:, 0], params["ln_final"]) @ params["head"]["kernel"]
+    return x + params["head"]["bias"] if c.head_bias else x
+
+
+def _derivatives(apply, c, params, images, v, w, labels):
+    """Logits, gradient, HVP, a third-order product, a JVP and a VJP of ``apply`` (one jitted call)."""
+
+    def loss(p):
+        z = apply(p, images, c)
+        return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(z), labels[:, None], axis=1))
+
+    hvp = lambda p, u: jax.jvp(jax.grad(loss), (p,), (u,))[1]
+    f = lambda p: apply(p, images, c)
+    z, jv = jax.jvp(f, (params,), (v,))
+    out = {
+        "logits": z,
+        "grad": jax.grad(loss)(params),
+        "hvp": hvp(params, v),
+        "third": jax.jvp(lambda p: hvp(p, v), (params,), (w,))[1],
+        "jvp": jv,
+        "vjp": jax.vjp(f, params)[1](jnp.cos(z))[0],
+    }
+    return out
+
+
+@pytest.mark.parametrize(
+    "config, dtype",
+    [(TOY, jnp.float64), (TOY, jnp.float32), (OPEN_CLIP_TOY, jnp.float64)],
+    ids=["exact-float64", "exact-float32", "open_clip-float64"],
+)
+def test_derivatives_match_autodiff_of_the_plain_formulas(config, dtype):
+    params = randomized_params(config, seed=3, dtype=dtype)
+    images = jnp.asarray(rng(4).normal(size=(6, 8, 8, config.channels)), dtype)
+    labels = jnp.asarray(rng(5).integers(0, config.num_classes, size=6))
+    r = rng(6)
+    v = jax.tree_util.tree_map(lambda x: jnp.asarray(r.normal(size=x.shape), dtype), params)
+    w = jax.tree_util.tree_map(lambda x: jnp.asarray(r.normal(size=x.shape), dtype), params)
+    args = (params, images, v, w, labels)
+    got = jax.jit(_derivatives, static_argnums=(0, 1))(mm.vit_apply, config, *args)
+    want = jax.jit(_derivatives, static_argnums=(0, 1))(plain_vit_apply, config, *args)
+    # forward pass: bit for bit the same formulas
+    np.testing.assert_array_equal(got["logits"], want["logits"])
+    tol = 1e-12 if dtype == jnp.float64 else 32 * float(jnp.finfo(dtype).eps)
+    for name in ("grad", "hvp", "third", "jvp", "vjp"):
+        g = np.concatenate([x.ravel() for x in jax.tree_util.tree_leaves(got[name])])
+        h = np.concatenate([x.ravel() for x in jax.tree_util.tree_leaves(want[name])])
+        rel = np.max(np.abs(g - h)) / np.max(np.abs(h))
+        assert rel < tol, (name, rel)
+
+
+def test_layer_norm_and_gelu_derivatives_against_finite_differences():
+    # the custom JVP rules on their own, against central differences in float64
+    x = jnp.asarray(rng(9).normal(size=(3, 5, 7)))
+    s, b = jnp.asarray(rng(10).normal(size=7)), jnp.asarray(rng(11).normal(size=7))
+    dx, ds, db = (jnp.asarray(rng(12 + i).normal(size=a.shape)) for i, a in enumerate((x, s, b)))
+    f = lambda x, s, b: mm.vit._layer_norm(x, {"scale": s, "bias": b}, 1e-6)
+    g = lambda x, s, b: mm.vit._gelu_exact(f(x, s, b))
+    h = 1e-5
+    for fn in (f, g):
+        fd = (fn(x + h * dx, s + h * ds, b + h * db) - fn(x - h * dx, s - h * ds, b - h * db)) / (2 * h)
+        jv = jax.jvp(fn, (x, s, b), (dx, ds, db))[1]
+        np.testing.assert_allclose(jv, fd, rtol=1e-7, atol=1e-8)
+        # second directional derivative
+        d2 = jax.jvp(lambda x, s, b: jax.jvp(fn, (x, s, b), (dx, ds, db))[1], (x, s, b), (dx, ds, db))[1]
+        plus, minus = fn(x + h * dx, s + h * ds, b + h * db), fn(x - h * dx, s - h * ds, b - h * db)
+        fd2 = (plus - 2 * fn(x, s, b) + minus) / h**2
+        np.testing.assert_allclose(d2, fd2, rtol=1e-4, atol=1e-4)
