@@ -38,7 +38,7 @@ from ._compile import jit_per_callable
 from ._linalg import ResumableLanczos, lanczos_tridiagonal, solve_spd_cg
 from ._estimators import mean_and_standard_error, rademacher_like
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
-from .metrics import Metric
+from .metrics import Metric, matrix_field
 
 __all__ = [
     "hvp",
@@ -53,7 +53,7 @@ __all__ = [
     "top_eigenvalues",
 ]
 
-MetricFn = Union[None, Callable[[jax.Array], jax.Array]]
+MetricFn = Union[None, Metric, Callable[[jax.Array], jax.Array]]
 
 
 def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
@@ -116,6 +116,7 @@ def hessian(
 
 def _metric_at(metric_fn: MetricFn, x: jax.Array) -> jax.Array:
     d = x.shape[0]
+    metric_fn = matrix_field(metric_fn)
     if metric_fn is None:
         return jnp.eye(d, dtype=x.dtype)
     G = metric_fn(x)
@@ -153,6 +154,7 @@ def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Arra
     (-2.0, 0.5)
     """
     _check_coords(x, "christoffel_symbols")
+    metric_fn = matrix_field(metric_fn)
     G = _metric_at(metric_fn, x)
     d = x.shape[0]
     dG = jax.jacfwd(metric_fn)(x)  # dG[a, b, c] = d_c G_ab
@@ -217,7 +219,7 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricF
            [0., 3.]], dtype=float32)
     """
     H = riemannian_hessian(f, metric_fn, x)
-    G = _metric_at(metric_fn, x)
+    G = _metric_at(matrix_field(metric_fn), x)
     return jsl.cho_solve(jsl.cho_factor(G, lower=True), H)
 
 

@@ -34,7 +34,7 @@ from ._linalg import lanczos_tridiagonal
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .coords import Reparametrization
 from .curvature import hessian, hvp
-from .metrics import Metric
+from .metrics import Metric, matrix_field
 
 __all__ = [
     "transform_log_density",
@@ -96,7 +96,7 @@ def log_volume_element(metric_fn: Callable[[PyTree], jax.Array], x: PyTree) -> j
     >>> round(float(mg.log_volume_element(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])), jnp.array([3.0, 0.2]))), 6)
     1.098612
     """
-    G = metric_fn(x)
+    G = matrix_field(metric_fn)(x)
     check_square_matrix(G, tree_size(x), "metric_fn(x)")
     check_spd(G, "the metric")
     return jnp.sum(jnp.log(jnp.diag(jnp.linalg.cholesky(G))))
@@ -283,7 +283,7 @@ def laplace_log_marginal_likelihood(
         Added to the diagonal of the curvature (the Hessian of an isotropic Gaussian
         prior when ``curvature`` is a GGN of the likelihood alone).
     metric
-        ``params -> G`` (dense, flattened coordinates): evaluate the evidence w.r.t. the Riemannian
+        ``params -> G`` (dense, flattened coordinates) or a :class:`~minigeo.Metric`: evaluate the evidence w.r.t. the Riemannian
         volume form :math:`dV_G`, i.e. use :math:`\log\det(G^{-1}H)`.  With the metric
         transformed along with the parameters, the result is reparametrization-invariant.
     reparametrization

@@ -68,6 +68,7 @@ __all__ = [
     "ggn",
     "fisher",
     "empirical_fisher",
+    "as_metric",
     "categorical_likelihood",
     "gaussian_likelihood",
 ]
@@ -382,10 +383,113 @@ def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
     return Metric(mv, "dense", compiled=False)
 
 
+_KINDS = ("matrix_field", "product", "operator")
+
+
+def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
+    r"""The one metric type: turn any way of giving a metric into a :class:`Metric`.
+
+    ================================  ==========================  ===========================================
+    ``obj``                           ``kind``                    the metric field
+    ================================  ==========================  ===========================================
+    a :class:`Metric`                 (any)                       itself
+    ``None``                          (any)                       :func:`~minigeo.euclidean`
+    a square matrix :math:`M`         (any)                       the constant field :math:`G(	heta) = M`
+    ``x -> G(x)`` (a matrix)          ``"matrix_field"``          :func:`~minigeo.dense_metric` ``(obj)``
+    ``(params, v) -> G v``            ``"product"``               ``Metric(obj)``
+    ``v -> G v`` (at one point)       ``"operator"``              the constant field with that product
+    ================================  ==========================  ===========================================
+
+    A callable alone is ambiguous (``x -> G(x)`` and ``v -> G v`` both take one argument), so
+    ``kind`` must say which.  Every minigeo function that takes a metric accepts a
+    :class:`Metric`: the matrix-field functions of chapters 3 to 5 (:func:`~minigeo.christoffel_symbols`,
+    :func:`~minigeo.riemannian_hessian`, :func:`~minigeo.hessian_endomorphism`, :func:`~minigeo.gram_matrix`,
+    :func:`~minigeo.log_volume_element`, :func:`~minigeo.log_density_wrt_volume`,
+    :func:`~minigeo.laplace_log_marginal_likelihood`) use its dense matrix, the matrix-free ones
+    (:func:`~minigeo.trace_estimate`, :func:`~minigeo.top_eigenvalues`, :func:`~minigeo.natural_gradient`, the
+    :mod:`~minigeo.operators`) its products.  At one point, ``metric.at(params)`` is the
+    ``v -> G v`` that :mod:`minigeo.coords` takes.
+
+    Parameters
+    ----------
+    obj
+        A :class:`Metric`, ``None``, a square matrix, or a callable described by ``kind``.
+    kind
+        ``"matrix_field"``, ``"product"`` or ``"operator"``; needed for callables only.
+
+    Returns
+    -------
+    Metric
+
+    Raises
+    ------
+    GeometryError
+        For a callable without ``kind``, an unknown ``kind``, or an object that is none of the above.
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a positive-definite matrix field).
+    Taught in chapter 2, *Pullback metrics*.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> polar = mg.as_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])), kind="matrix_field")
+    >>> polar.dense(jnp.array([2.0, 0.3]))
+    Array([[1., 0.],
+           [0., 4.]], dtype=float32)
+    >>> mg.as_metric(jnp.array([[2.0, 1.0], [1.0, 2.0]])).mv(jnp.zeros(2), jnp.array([1.0, 0.0]))
+    Array([2., 1.], dtype=float32)
+    """
+    if kind is not None and kind not in _KINDS:
+        raise GeometryError(f"as_metric: kind must be one of {_KINDS} or None, got {kind!r}.")
+    if isinstance(obj, Metric):
+        return obj
+    if obj is None:
+        return euclidean()
+    if isinstance(obj, (jax.Array, np.ndarray)) or (isinstance(obj, (list, tuple)) and obj and not callable(obj[0])):
+        matrix = jnp.asarray(obj)
+        if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+            raise GeometryError(f"as_metric: a matrix metric must be square, got shape {matrix.shape}.")
+        check_finite(matrix, "as_metric: the matrix")
+        check_symmetric(matrix, "as_metric: the matrix")
+        return dense(lambda params: matrix)
+    if callable(obj):
+        if kind == "matrix_field":
+            return dense(obj)
+        if kind == "product":
+            return Metric(obj, "metric")
+        if kind == "operator":
+            return Metric(lambda params, v: obj(v), "metric (one point)")
+        raise GeometryError(
+            "as_metric: a callable is ambiguous; say what it computes: kind='matrix_field' (x -> G(x), a "
+            "matrix), kind='product' ((params, v) -> G v) or kind='operator' (v -> G v at one point)."
+        )
+    raise GeometryError(
+        f"as_metric: cannot make a metric from {type(obj).__name__}; pass a Metric, None, a square matrix or "
+        "a callable with kind=..."
+    )
+
+
+def matrix_field(metric: Any) -> Callable[[jax.Array], jax.Array] | None:
+    """``x -> G(x)`` for the dense-coordinate routines: a :class:`Metric`'s dense matrix, a callable as is."""
+    if isinstance(metric, Metric):
+        return lambda x: metric.dense(x)
+    return metric
+
+
 # ---------------------------------------------------------------------------
 # the pullback family
 # ---------------------------------------------------------------------------
 OutputMetric = Union[Metric, Callable[[PyTree, PyTree], PyTree]]
+
+
+def _linearized(f: Callable[[PyTree], PyTree], params: PyTree, v: PyTree):
+    """``(f(params), J v, w -> J^T w)`` from one linearization (one forward pass, not a jvp and a vjp)."""
+    z, f_lin = jax.linearize(f, params)
+    transpose = jax.linear_transpose(f_lin, params)
+    return z, f_lin(v), lambda w: transpose(w)[0]
 
 
 def _output_mv(output_metric: OutputMetric) -> Callable[[PyTree, PyTree], PyTree]:
@@ -434,9 +538,8 @@ def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metr
     out_mv = _output_mv(output_metric)
 
     def mv(params: PyTree, v: PyTree) -> PyTree:
-        z, jv = jax.jvp(f, (params,), (v,))
-        _, f_vjp = jax.vjp(f, params)
-        return f_vjp(out_mv(z, jv))[0]
+        z, jv, transpose = _linearized(f, params, v)
+        return transpose(out_mv(z, jv))
 
     return Metric(mv, "pullback")
 
@@ -656,10 +759,9 @@ def fisher(
     if mc_samples is None:
 
         def mv(params: PyTree, v: PyTree) -> PyTree:
-            z, jv = jax.jvp(model_fn, (params,), (v,))
+            z, jv, transpose = _linearized(model_fn, params, v)
             scale = _scale(reduction, _batch_size(z, "fisher"), "fisher")
-            _, f_vjp = jax.vjp(model_fn, params)
-            return f_vjp(scale * lik.fisher_mv(z, jv))[0]
+            return transpose(scale * lik.fisher_mv(z, jv))
 
         return Metric(mv, f"Fisher ({lik.name})")
 
@@ -667,7 +769,7 @@ def fisher(
         raise GeometryError("fisher: the Monte-Carlo Fisher needs mc_samples >= 1 (an int) and a PRNG key.")
 
     def mc_mv(params: PyTree, v: PyTree) -> PyTree:
-        z, jv = jax.jvp(model_fn, (params,), (v,))
+        z, jv, transpose = _linearized(model_fn, params, v)
         n = _batch_size(z, "fisher")
         scale = _scale(reduction, n, "fisher")
         keys = jax.random.split(key, mc_samples)
@@ -676,8 +778,7 @@ def fisher(
         axes = tuple(range(2, scores.ndim))
         proj = jnp.sum(scores * jv[None], axis=axes, keepdims=True)  # (S, N, 1...)
         cotangent = jnp.mean(proj * scores, axis=0)
-        _, f_vjp = jax.vjp(model_fn, params)
-        return f_vjp(scale * cotangent)[0]
+        return transpose(scale * cotangent)
 
     return Metric(mc_mv, f"MC Fisher ({lik.name}, {mc_samples} samples)")
 
@@ -719,7 +820,7 @@ def empirical_fisher(
     """
 
     def mv(params: PyTree, v: PyTree) -> PyTree:
-        z, jv = jax.jvp(model_fn, (params,), (v,))
+        z, jv, transpose = _linearized(model_fn, params, v)
         n = _batch_size(z, "empirical_fisher")
         losses = per_example_loss_fn(z)
         if jnp.shape(losses) != (n,):
@@ -730,7 +831,6 @@ def empirical_fisher(
         g = jax.grad(lambda zz: jnp.sum(per_example_loss_fn(zz)))(z)
         axes = tuple(range(1, g.ndim))
         proj = jnp.sum(g * jv, axis=axes, keepdims=True)
-        _, f_vjp = jax.vjp(model_fn, params)
-        return f_vjp(_scale(reduction, n, "empirical_fisher") * proj * g)[0]
+        return transpose(_scale(reduction, n, "empirical_fisher") * proj * g)
 
     return Metric(mv, "empirical Fisher")

@@ -35,7 +35,7 @@ from ._checks import (
 )
 from ._linalg import SolveInfo, check_damping, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
-from .metrics import Metric
+from .metrics import Metric, matrix_field
 
 __all__ = [
     "gram_matrix",
@@ -46,7 +46,7 @@ __all__ = [
     "precondition_by_metric",
 ]
 
-OutputMetricFn = Union[None, Callable[[PyTree], jax.Array]]
+OutputMetricFn = Union[None, Metric, Callable[[PyTree], jax.Array]]
 
 
 def _flat_jacobian(param_map: Callable[[PyTree], PyTree], xi: PyTree, max_size: int) -> jax.Array:
@@ -70,8 +70,8 @@ def gram_matrix(
         The parametrization :math:`\phi`, mapping a parameter pytree to a point of
         :math:`\mathcal Z` (array or pytree, flattened for the metric).
     metric_fn
-        ``z -> g(z)``, the dense metric on :math:`\mathcal Z` at ``z``; ``None`` for
-        the Euclidean metric.
+        ``z -> g(z)``, the dense metric on :math:`\mathcal Z` at ``z``, or a
+        :class:`~minigeo.Metric` on :math:`\mathcal Z`; ``None`` for the Euclidean metric.
     xi
         The parameters.
 
@@ -93,7 +93,7 @@ def gram_matrix(
     if metric_fn is None:
         return J.T @ J
     z = param_map(xi)
-    g = metric_fn(z)
+    g = matrix_field(metric_fn)(z)
     check_square_matrix(g, J.shape[0], "the metric on Z")
     check_spd(g, "the metric on Z", rtol=symmetry_rtol(g))
     return J.T @ g @ J

@@ -449,3 +449,63 @@ def test_dense_and_solve_float32(dtype):
         x = G.solve(p, rhs, method=method, tol=10 * eps)
         err = np.abs(np.asarray(flatten(x), np.float64) - exact).max() / np.abs(exact).max()
         assert err < 100 * eps * cond, (method, err)
+
+
+# ---------------------------------------------------------------------------
+# one metric type: as_metric, and a Metric accepted by the matrix-field functions
+# ---------------------------------------------------------------------------
+def _polar(x):
+    return jnp.diag(jnp.array([1.0, 0.5 + x[0] ** 2, 2.0 + jnp.sin(x[1])]))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_as_metric_every_kind_gives_the_same_field(dtype):
+    x = jnp.asarray([1.3, 0.4, -0.2], dtype)
+    v = jnp.asarray([0.3, -1.0, 2.0], dtype)
+    G = np.asarray(_polar(x))
+    M = mg.as_metric(_polar, kind="matrix_field")
+    np.testing.assert_allclose(M.dense(x), G, rtol=10 * jnp.finfo(dtype).eps)
+    np.testing.assert_allclose(mg.as_metric(jnp.asarray(G, dtype)).mv(x, v), G @ np.asarray(v), rtol=1e-6)
+    P = mg.as_metric(lambda p, u: _polar(p) @ u, kind="product")
+    np.testing.assert_allclose(P.mv(x, v), G @ np.asarray(v), rtol=1e-6)
+    O = mg.as_metric(lambda u: jnp.asarray(G, dtype) @ u, kind="operator")
+    np.testing.assert_allclose(O.dense(x), G, rtol=1e-6)
+    assert mg.as_metric(M) is M
+    np.testing.assert_allclose(mg.as_metric(None).mv(x, v), v)
+
+
+def test_as_metric_refuses_ambiguous_or_bad_input():
+    with pytest.raises(mg.GeometryError, match="ambiguous"):
+        mg.as_metric(_polar)
+    with pytest.raises(mg.GeometryError, match="kind must be"):
+        mg.as_metric(_polar, kind="field")
+    with pytest.raises(mg.GeometryError, match="square"):
+        mg.as_metric(jnp.ones((2, 3)))
+    with pytest.raises(mg.GeometryError, match="symmetric"):
+        mg.as_metric(jnp.array([[1.0, 2.0], [0.0, 1.0]]))
+    with pytest.raises(mg.GeometryError, match="cannot make a metric"):
+        mg.as_metric("fisher")
+
+
+def test_matrix_field_functions_accept_a_metric():
+    """christoffel_symbols, riemannian_hessian, hessian_endomorphism, log_volume_element,
+    log_density_wrt_volume, the Laplace evidence and gram_matrix give the same with a Metric."""
+    x = jnp.asarray([1.3, 0.4, -0.2])
+    M = mg.as_metric(_polar, kind="matrix_field")
+    f = lambda y: jnp.sum(jnp.sin(y) * y**2)
+    np.testing.assert_allclose(mg.christoffel_symbols(M, x), mg.christoffel_symbols(_polar, x), rtol=1e-12)
+    np.testing.assert_allclose(mg.riemannian_hessian(f, M, x), mg.riemannian_hessian(f, _polar, x), rtol=1e-12)
+    np.testing.assert_allclose(mg.hessian_endomorphism(f, M, x), mg.hessian_endomorphism(f, _polar, x), rtol=1e-12)
+    np.testing.assert_allclose(mg.log_volume_element(M, x), mg.log_volume_element(_polar, x), rtol=1e-12)
+    log_q = lambda y: -0.5 * jnp.sum(y**2)
+    np.testing.assert_allclose(
+        mg.log_density_wrt_volume(log_q, M)(x), mg.log_density_wrt_volume(log_q, _polar)(x), rtol=1e-12
+    )
+    loss = lambda y: 0.5 * jnp.sum((y - 1.0) ** 2 * jnp.arange(1.0, 4.0))
+    ev_M = mg.laplace_log_marginal_likelihood(loss, x, metric=M)
+    ev_f = mg.laplace_log_marginal_likelihood(loss, x, metric=_polar)
+    np.testing.assert_allclose(ev_M.log_z, ev_f.log_z, rtol=1e-12)
+    phi = lambda xi: jnp.array([jnp.sin(2 * xi[0]), jnp.sin(xi[0]), xi[1]])
+    np.testing.assert_allclose(
+        mg.gram_matrix(phi, M, jnp.array([0.3, 0.1])), mg.gram_matrix(phi, _polar, jnp.array([0.3, 0.1])), rtol=1e-12
+    )
