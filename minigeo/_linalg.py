@@ -308,9 +308,10 @@ def _raise_on_cg_failure(matvec, b, x, info: SolveInfo, tol: float, eps: float, 
         )
     if b_norm == 0.0:
         return
-    true_res = float(jnp.linalg.norm(matvec(x) - b)) / b_norm
+    Ax = matvec(x)
+    true_res = float(jnp.linalg.norm(Ax - b)) / b_norm
     # round-off floor of the true residual: eps * |A| |x| / |b|, |A| >= the largest Rayleigh quotient met
-    floor = 100 * eps * float(jnp.linalg.norm(matvec(x))) / b_norm
+    floor = 100 * eps * float(jnp.linalg.norm(Ax)) / b_norm
     if not np.isfinite(true_res) or true_res > max(10 * tol, floor):
         raise GeometryError(
             f"conjugate gradients on {what} did not converge (true relative residual {true_res:.3g} after {k} "
