@@ -24,6 +24,23 @@ Da Silva et al. 2025 (Sec. 5.2) prints :math:`A\Lambda + \Lambda A^\top = B` for
 literally that is a different equation (:math:`A` is not symmetric) and its solution does not
 give a horizontal vector.
 
+**With the relaxation** :math:`\epsilon > 0`, :math:`P = G^\top G + \epsilon I` and :math:`Q = H^\top H + \epsilon I`
+in the metric, but the vertical directions :math:`(-G\Omega, H\Omega^\top)` keep the bare sides, so
+the orthogonality condition is the same, :math:`H^\top\eta_H Q^{-1} = P^{-1}\eta_G^\top G`, and substituting
+:math:`\eta` gives, with :math:`P_0 = G^\top G`, :math:`Q_0 = H^\top H`,
+
+.. math:: (PQ_0)\,X + X\,(P_0Q) = P H^\top\xi_H - \xi_G^\top G Q,\qquad X = \Lambda^\top.
+
+Substituting the relaxed Gram matrices into :math:`A = PQ` on both sides (as the paper's App. G.2
+suggests, and as minigeo did before) solves a different equation: its map leaves horizontal
+vectors alone but is not a projection (not idempotent, result not horizontal; 2e-3 to 0.25 off
+for :math:`\epsilon` from 1e-2 to 1 at unit-scale 6x3 pairs).  In whitened coordinates
+:math:`\hat G^\top\hat G = P^{-1/2}P_0P^{-1/2} = C_G \ne I`, and in the bases below the equation becomes
+:math:`S_G\hat X + \hat X S_H = b^\top\Sigma - \Sigma a^\top` with the symmetric positive definite
+:math:`S_G = \Sigma Z^\top C_G Z\Sigma`, :math:`S_H = \Sigma W^\top C_H W\Sigma`, solved in their
+eigenbases (computed as SVDs of :math:`C^{1/2}Z\Sigma`, :math:`C^{1/2}W\Sigma`, never as ``eigh`` of
+the products); see :func:`_whitened_projection`.  For :math:`\epsilon = 0` this is the diagonal solve below.
+
 **Numerics: sides, not Gram matrices.**  :math:`A = PQ` is diagonalizable with positive
 eigenvalues, but forming :math:`P = G^\top G` squares the condition number: in float32 an ``eigh``
 of :math:`P` has no correct digit left once :math:`\mathrm{cond}(G) \gtrsim 3\cdot 10^3`, which a
@@ -44,6 +61,7 @@ All functions accept leading batch dimensions (e.g. one pair per attention head)
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Tuple
 
@@ -165,6 +183,13 @@ class _PairFrame(NamedTuple):
     sigma: jax.Array
     ok: jax.Array
     cond: jax.Array
+    # eps > 0 only (None for eps = 0): the bases that diagonalize the Sylvester equation of the relaxed metric
+    LG: jax.Array | None = None
+    LH: jax.Array | None = None
+    AG: jax.Array | None = None
+    AH: jax.Array | None = None
+    dG: jax.Array | None = None
+    dH: jax.Array | None = None
 
 
 def _side_factors(M: jax.Array, eps):
@@ -178,29 +203,42 @@ def _side_factors(M: jax.Array, eps):
     cutoff = _singular_value_cutoff(n, h, M.dtype) * jnp.max(s)
     ok = jnp.all(jnp.isfinite(s)) & (jnp.min(r) > cutoff) & (jnp.min(r) > 0)
     cond = jnp.max(r) / jnp.maximum(jnp.min(r), jnp.finfo(M.dtype).tiny)
-    return Qm @ ((U * c) @ Vt), (V * r) @ Vt, (V / r_safe) @ Vt, (V * (c * c)) @ Vt, ok, cond
+    return Qm @ ((U * c) @ Vt), (V * r) @ Vt, (V / r_safe) @ Vt, (V * (c * c)) @ Vt, (V * c) @ Vt, ok, cond
 
 
-def _frame_one(G: jax.Array, H: jax.Array, eps):
+def _frame_one(G: jax.Array, H: jax.Array, eps, relaxed: bool):
     with jax.default_matmul_precision("highest"):
-        Gn, P_half, P_mhalf, gram_G, ok_G, cond_G = _side_factors(G, eps)
-        Hn, Q_half, Q_mhalf, gram_H, ok_H, cond_H = _side_factors(H, eps)
+        Gn, P_half, P_mhalf, gram_G, root_G, ok_G, cond_G = _side_factors(G, eps)
+        Hn, Q_half, Q_mhalf, gram_H, root_H, ok_H, cond_H = _side_factors(H, eps)
         W, sigma, Zt = jnp.linalg.svd(Q_half @ P_half)
-        return (Gn, Hn, P_half, P_mhalf, Q_half, Q_mhalf, gram_G, gram_H, Zt.T, W, sigma,
-                ok_G & ok_H, jnp.maximum(cond_G, cond_H))
+        Z = Zt.T
+        out = (Gn, Hn, P_half, P_mhalf, Q_half, Q_mhalf, gram_G, gram_H, Z, W, sigma,
+               ok_G & ok_H, jnp.maximum(cond_G, cond_H))
+        if not relaxed:
+            return out
+        # S_G = (C_G^{1/2} Z Sigma)^T (C_G^{1/2} Z Sigma), S_H likewise with W (module notes): factored by SVDs
+        # of the h x h roots, never by eigh of the products (which would square their condition number)
+        ZS, WS = Z * sigma, W * sigma
+        _, tG, EGt = jnp.linalg.svd(root_G @ ZS)
+        _, tH, EHt = jnp.linalg.svd(root_H @ WS)
+        EG, EH = EGt.T, EHt.T
+        return out + (ZS @ EG, WS @ EH, W @ EG, Z @ EH, tG * tG, tH * tH)
 
 
-@jax.jit
-def _pair_frame(G: jax.Array, H: jax.Array, eps: jax.Array) -> _PairFrame:
-    return _PairFrame(G, H, *_map_matrices(lambda g, hh: _frame_one(g, hh, eps), G, H))
+@functools.partial(jax.jit, static_argnames="relaxed")
+def _pair_frame(G: jax.Array, H: jax.Array, eps: jax.Array, relaxed: bool) -> _PairFrame:
+    return _PairFrame(G, H, *_map_matrices(lambda g, hh: _frame_one(g, hh, eps, relaxed), G, H))
 
 
 def _factor_pair(G: jax.Array, H: jax.Array, eps=0.0) -> _PairFrame:
     """Factor metric (15) at ``(G, H)`` from thin SVDs of the sides (see :class:`_PairFrame`); batched over heads.
 
-    Compiled once per shape and dtype, so eager calls in a loop cost no more than the factorization."""
+    Compiled once per shape and dtype, so eager calls in a loop cost no more than the factorization.
+    A concrete ``eps == 0`` takes the unrelaxed path; any other ``eps`` (a traced one included) also
+    factors the Sylvester equation of the relaxed metric (``LG`` ... ``dH``)."""
     _check_eps(eps)
-    return _pair_frame(G, H, jnp.asarray(eps, G.dtype))
+    relaxed = not (is_concrete(eps) and float(np.asarray(eps)) == 0.0)
+    return _pair_frame(G, H, jnp.asarray(eps, G.dtype), relaxed)
 
 
 def _raise_if_singular(f: _PairFrame, who: str) -> None:
@@ -230,7 +268,19 @@ def _whitened_projection(f: _PairFrame, GtG: jax.Array, HtH: jax.Array):
     diagonal in these bases: :math:`Y_{ij} = (\sigma_i\sigma_j b_{ij} - \sigma_j^2 a_{ij})/(\sigma_i^2+\sigma_j^2)`,
     :math:`c_G = Z Y^\top Z^\top`, :math:`c_H = W\,\Sigma Y\Sigma^{-1} W^\top`; every factor is
     bounded, so no condition number is amplified.
+
+    With :math:`\epsilon > 0` (frame fields ``LG`` ... ``dH``), :math:`\hat G^\top\hat G \ne I` and the
+    equation is :math:`S_G\hat X + \hat X S_H = b^\top\Sigma - \Sigma a^\top` with
+    :math:`S_G = E_G D_G E_G^\top`, :math:`S_H = E_H D_H E_H^\top` (module notes):
+    :math:`K = (E_G^\top(b^\top\Sigma - \Sigma a^\top)E_H)_{ij}/(d_{G,i} + d_{H,j})`,
+    :math:`c_G = Z\Sigma E_G K E_H^\top Z^\top`, :math:`c_H = W\Sigma E_H K^\top E_G^\top W^\top`.
+    For :math:`\epsilon = 0`, :math:`E = I` and :math:`D = \Sigma^2`, which is the formula above.
     """
+    if f.dG is not None:
+        denom = f.dG[..., :, None] + f.dH[..., None, :]
+        denom = jnp.where(denom > 0, denom, 1.0)
+        K = (_mT(f.AG) @ _mT(HtH) @ f.LH - _mT(f.LG) @ GtG @ f.AH) / denom
+        return f.LG @ K @ _mT(f.AH), f.LH @ _mT(K) @ _mT(f.AG)
     s = f.sigma
     si, sj = s[..., :, None], s[..., None, :]
     denom = si * si + sj * sj
@@ -355,10 +405,12 @@ def vertical_vector(point: Pair, omega: jax.Array) -> Pair:
 def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     r"""The metric-orthogonal projection of a tangent vector onto the horizontal space (metric (15)).
 
-    :math:`\xi^{\mathrm H} = (\xi_G + G\Lambda, \xi_H - H\Lambda^\top)` with :math:`\Lambda^\top` solving
-    :math:`(PQ)X + X(PQ) = PH^\top\xi_H - \xi_G^\top GQ` (see the module notes for the derivation
-    and the difference to the equation printed in da Silva et al. 2025).  Idempotent; the
-    removed part is vertical; the result is orthogonal to every vertical vector.
+    :math:`\xi^{\mathrm H} = (\xi_G + G\Lambda, \xi_H - H\Lambda^\top)` with :math:`X = \Lambda^\top` solving
+    :math:`(PH^\top H)X + X(G^\top GQ) = PH^\top\xi_H - \xi_G^\top GQ`, :math:`P = G^\top G + \epsilon I`,
+    :math:`Q = H^\top H + \epsilon I` (for :math:`\epsilon = 0`: :math:`(PQ)X + X(PQ)`; see the module notes
+    for the derivation and the difference to the equation printed in da Silva et al. 2025).
+    For every :math:`\epsilon \ge 0` it is the orthogonal projection for the (relaxed) metric:
+    idempotent; the removed part is vertical; the result is orthogonal to every vertical vector.
 
     Computed from thin SVDs of ``G`` and ``H`` (never their Gram matrices) at ``"highest"`` matmul
     precision, so the relative error is :math:`O(\mathrm{cond}(G)\,\varepsilon)`: about 1e-5 in

@@ -481,7 +481,8 @@ class _GLhPair(_Block):
     def riemannian(self, w: list, f: _PairFrame, parts: list, cache: Any, moved: list, grad: list) -> list:
         r"""The horizontal projection of the gradient in ``z`` of the loss at the moved sides, given its
         gradient ``grad`` there: with :math:`\xi = (g_G P^{1/2}, g_H Q^{1/2})`, :math:`X` solves
-        :math:`(PQ)X + X(PQ) = PH^\top\xi_H - \xi_G^\top GQ` and the result is
+        :math:`(PH^\top H)X + X(G^\top GQ) = PH^\top\xi_H - \xi_G^\top GQ` (:math:`(PQ)X + X(PQ)` for
+        :math:`\epsilon = 0`) and the result is
         :math:`(g_G + GX^\top P^{-1/2},\ g_H - HXQ^{-1/2})` (see :mod:`minigeo.quotient`)."""
         (zG, zH), (DG, DH), (cG, cH) = parts, grad, cache
         (KG, CsG, CcG), GtgG = _side_backward(f.Gn, zG, f.P_half, f.gram_G, cG, DG)
