@@ -216,8 +216,8 @@ def _frame_one(G: jax.Array, H: jax.Array, eps, relaxed: bool):
                ok_G & ok_H, jnp.maximum(cond_G, cond_H))
         if not relaxed:
             return out
-        # S_G = (C_G^{1/2} Z Sigma)^T (C_G^{1/2} Z Sigma), S_H likewise with W (module notes): factored by SVDs
-        # of the h x h roots, never by eigh of the products (which would square their condition number)
+        # S_G = (C_G^{1/2} Z Sigma)^T (C_G^{1/2} Z Sigma), S_H likewise with W (module notes): factored
+        # by SVDs of the h x h roots, never by eigh of the products (that would square their condition)
         ZS, WS = Z * sigma, W * sigma
         _, tG, EGt = jnp.linalg.svd(root_G @ ZS)
         _, tH, EHt = jnp.linalg.svd(root_H @ WS)

@@ -371,9 +371,8 @@ def dense_horizontal_projector(G, H, eps):
     M = np.zeros(((n + m) * h,) * 2)
     M[: n * h, : n * h] = np.kron(np.eye(n), np.linalg.inv(P))
     M[n * h :, n * h :] = np.kron(np.eye(m), np.linalg.inv(Q))
-    V = np.stack(
-        [np.concatenate([(-G @ E).ravel(), (H @ E.T).ravel()]) for E in np.eye(h * h).reshape(h * h, h, h)], axis=1
-    )
+    basis = np.eye(h * h).reshape(h * h, h, h)
+    V = np.stack([np.concatenate([(-G @ E).ravel(), (H @ E.T).ravel()]) for E in basis], axis=1)
     return M, V, np.eye(M.shape[0]) - V @ np.linalg.solve(V.T @ M @ V, V.T @ M)
 
 
