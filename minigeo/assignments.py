@@ -66,10 +66,14 @@ TIME_LIMIT: float = 120.0
 class CheckReport(NamedTuple):
     """The outcome of one ``check_*`` call: the task's name, whether it passed, and the message printed.
 
-    References
+    Attributes
     ----------
-    No formula from the source papers: the report of an assignment check. Used by the assignments of
-    chapters 1, 4 and 6.
+    task : str
+        The task's name.
+    passed : bool
+        Whether every check passed.
+    message : str
+        The line printed (``PASS ...`` or ``FAIL ...`` with a hint).
 
     Examples
     --------
@@ -79,6 +83,10 @@ class CheckReport(NamedTuple):
     PASS invariant trace tr(G^-1 H): ...
     >>> report.passed
     True
+
+    References
+    ----------
+    No formula from the source papers (the report of an assignment check). Chapters 1, 4 and 6.
     """
 
     task: str
@@ -238,10 +246,18 @@ def check_transform_vector(
     Compared with :func:`minigeo.transform_vector` for polar, softplus, affine and composed
     reparametrizations at several points and random vectors.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (b). Assignment of chapter 1, *Vectors vs
-    covectors*.
+    fn : callable
+        The student's answer, called as ``fn(phi, theta, v)``; it returns the transformed vector, for a :class:`~minigeo.coords.Reparametrization` ``phi``, a point ``theta`` and a vector ``v``.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
 
     Examples
     --------
@@ -249,6 +265,10 @@ def check_transform_vector(
     >>> assignments.check_transform_vector(transform_vector).passed
     PASS transform_vector: ...
     True
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (b). Assignment of chapter 1.
     """
 
     def body() -> str:
@@ -275,10 +295,18 @@ def check_transform_covector(
     Also checks the invariance that defines the rule: the pairing :math:`\hat\omega(\hat v)` equals
     :math:`\omega(v)` for pushed-forward vectors.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (c). Assignment of chapter 1, *Vectors vs
-    covectors*.
+    fn : callable
+        The student's answer, called as ``fn(phi, theta, omega)``; it returns the transformed covector.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
 
     Examples
     --------
@@ -286,6 +314,10 @@ def check_transform_covector(
     >>> assignments.check_transform_covector(transform_covector).passed
     PASS transform_covector: ...
     True
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (c). Assignment of chapter 1.
     """
 
     def body() -> str:
@@ -322,10 +354,18 @@ def check_natural_gradient_step(
     :math:`\theta`-coordinates, the property plain gradient descent (``G = I`` in every coordinate
     system) lacks.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (equivariance of preconditioned gradient descent).
-    Assignment of chapter 1, *Vectors vs covectors*.
+    fn : callable
+        The student's answer, called as ``fn(G, grad, lr)``; it returns the update vector for a metric ``G``, a gradient ``grad`` and a step size ``lr``.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
 
     Examples
     --------
@@ -334,6 +374,11 @@ def check_natural_gradient_step(
     >>> assignments.check_natural_gradient_step(lambda G, g, lr: -lr * jnp.linalg.solve(G, g)).passed
     PASS natural_gradient_step: ...
     True
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (equivariance of preconditioned gradient descent).
+    Assignment of chapter 1.
     """
 
     def body() -> str:
@@ -380,10 +425,18 @@ def check_hessian_endomorphism(
     The transformation check feeds ``fn`` the transformed bilinear Hessian :math:`J^{-\top}HJ^{-1}`
     and metric :math:`J^{-\top}GJ^{-1}` under random invertible linear maps.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A. Assignment of chapter 4, *Invariant
-    Hessians*.
+    fn : callable
+        The student's answer, called as ``fn(H, G)``; it returns the endomorphism for a bilinear Hessian ``H`` and a metric ``G``.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
 
     Examples
     --------
@@ -392,6 +445,10 @@ def check_hessian_endomorphism(
     >>> assignments.check_hessian_endomorphism(lambda H, G: jnp.linalg.solve(G, H)).passed
     PASS hessian_endomorphism: ...
     True
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (6). Assignment of chapter 4.
     """
 
     def body() -> str:
@@ -424,10 +481,18 @@ def check_invariant_trace(
 ) -> CheckReport:
     r"""Check ``fn(H, G)`` = :math:`\mathrm{tr}(G^{-1}H)`, invariant under reparametrization, unlike :math:`\mathrm{tr}\,H`.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and eq. (18). Assignment of chapter 4, *Invariant
-    Hessians*.
+    fn : callable
+        The student's answer, called as ``fn(H, G)``; it returns the scalar trace for a bilinear Hessian ``H`` and a metric ``G``.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
 
     Examples
     --------
@@ -436,6 +501,10 @@ def check_invariant_trace(
     >>> assignments.check_invariant_trace(jnp.trace)  # the bilinear trace is not invariant
     FAIL invariant trace tr(G^-1 H): ...
     CheckReport(task='invariant trace tr(G^-1 H)', passed=False, message=...)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1; App. A.2, eq. (18). Assignment of chapter 4.
     """
 
     def body() -> str:
@@ -480,10 +549,18 @@ def check_riemannian_hessian(
     Christoffel symbols :math:`\Gamma^k_{ij}` at a non-critical point of a function on the plane
     with a position-dependent metric.  Compared with :func:`minigeo.riemannian_hessian`.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), eq. (5); Kristiadi (2023), *The Invariance of the Hessian*
-    (blog post). Assignment of chapter 4, *Invariant Hessians*.
+    fn : callable
+        The student's answer, called as ``fn(hess, grad, gamma)``; it returns the Riemannian Hessian matrix.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
 
     Examples
     --------
@@ -493,6 +570,11 @@ def check_riemannian_hessian(
     >>> assignments.check_riemannian_hessian(ok).passed
     PASS riemannian_hessian: ...
     True
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), eq. (5); Kristiadi (2023), *The Invariance of the Hessian*
+    (blog post). Assignment of chapter 4.
     """
 
     def body() -> str:
@@ -539,10 +621,18 @@ def check_vertical_vector(
     Checks the value and that :math:`GH^\top` does not move to first order along it:
     :math:`\xi_G H^\top + G\xi_H^\top = 0`.
 
-    References
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 3.3 and App. B.3. Assignment of chapter 6,
-    *Quotient-manifold geodesic sharpness*.
+    fn : callable
+        The student's answer, called as ``fn(G, H, Omega)``; it returns the pair ``(xi_G, xi_H)``.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
 
     Examples
     --------
@@ -550,6 +640,10 @@ def check_vertical_vector(
     >>> assignments.check_vertical_vector(lambda G, H, W: (-G @ W, H @ W.T)).passed
     PASS vertical_vector: ...
     True
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 3.3 and App. B.3. Assignment of chapter 6.
     """
 
     def body() -> str:
@@ -580,10 +674,18 @@ def check_quotient_metric(
     Checks the value against :func:`minigeo.gl_metric` and its GL(h) invariance: moving the point to
     :math:`(GA^{-1}, HA^\top)` and the vectors with it leaves the inner product unchanged.
 
-    References
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (15). Assignment of chapter 6,
-    *Quotient-manifold geodesic sharpness*.
+    fn : callable
+        The student's answer, called as ``fn(G, H, eta, zeta)``; it returns the scalar inner product of the pairs ``eta`` and ``zeta`` at ``(G, H)``.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
 
     Examples
     --------
@@ -592,6 +694,10 @@ def check_quotient_metric(
     >>> assignments.check_quotient_metric(lambda G, H, e, z: gl_metric((G, H), e, z)).passed
     PASS quotient metric (15): ...
     True
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (15). Assignment of chapter 6.
     """
 
     def body() -> str:
@@ -627,10 +733,18 @@ def check_horizontal_projection(
     vertical vectors are sent to zero; projecting twice changes nothing; the removed part is
     vertical; and the result is orthogonal, in metric (15), to every vertical vector.
 
-    References
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.2 (the horizontal space and its Sylvester
-    equation) and App. B.3. Assignment of chapter 6, *Quotient-manifold geodesic sharpness*.
+    fn : callable
+        The student's answer, called as ``fn(G, H, xi)``; it returns the projected pair.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
 
     Examples
     --------
@@ -638,6 +752,11 @@ def check_horizontal_projection(
     >>> assignments.check_horizontal_projection(lambda G, H, xi: horizontal_projection((G, H), xi)).passed
     PASS horizontal_projection: ...
     True
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.2 (horizontal space, Sylvester equation)
+    and App. B.3. Assignment of chapter 6.
     """
 
     def body() -> str:

@@ -27,19 +27,33 @@ PyTree = Any
 
 
 def data_parallel_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
-    """A one-axis mesh named ``"data"`` over ``devices`` (default: all local devices).
+    r"""A one-axis device mesh named ``"data"`` for data parallelism.
 
-    References
+    Parameters
     ----------
-    No formula from the source papers: data-parallel support for the paper-scale runs of da Silva,
-    Dangel & Oore (2025), *Hide & Seek*, App. C.2. Taught in chapter 7, *Capstone: geodesic
-    sharpness of vision transformers*.
+    devices : sequence of jax.Device, optional
+        The devices; default all local devices.
+
+    Returns
+    -------
+    jax.sharding.Mesh
+        The mesh, axis ``"data"`` over ``devices``.
+
+    Raises
+    ------
+    GeometryError
+        If ``devices`` is empty.
 
     Examples
     --------
     >>> import minigeo as mg
     >>> mg.data_parallel_mesh().axis_names
     ('data',)
+
+    References
+    ----------
+    No formula from the source papers (data parallelism for the paper-scale runs of da Silva, Dangel &
+    Oore 2025, App. C.2). Chapter 7.
     """
     devices = list(jax.local_devices() if devices is None else devices)
     if not devices:
@@ -48,22 +62,30 @@ def data_parallel_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
 
 
 def shard_batch(batch: PyTree, mesh: Mesh | None = None, *, axis: int = 0) -> PyTree:
-    r"""Split every leaf of ``batch`` along ``axis`` (the example axis) over the mesh's ``"data"`` devices.
+    r"""Split every leaf of ``batch`` along its example axis over the mesh's ``"data"`` devices.
 
     Use ``axis=0`` for one batch of examples and ``axis=1`` for the stacked batches
     ``(n_batches, batch_size, ...)`` taken by the sharpness functions.
+
+    Parameters
+    ----------
+    batch : pytree
+        Arrays with an example axis ``axis``.
+    mesh : jax.sharding.Mesh, optional
+        A mesh with a ``"data"`` axis; default :func:`data_parallel_mesh`.
+    axis : int, optional
+        The example axis.
+
+    Returns
+    -------
+    pytree
+        ``batch`` with every leaf placed with sharding ``PartitionSpec(None, ..., "data")``.
 
     Raises
     ------
     GeometryError
         If a leaf has fewer than ``axis + 1`` dimensions or its size along ``axis`` is not a
         multiple of the number of devices (pad or drop examples to fix it).
-
-    References
-    ----------
-    No formula from the source papers: data-parallel support for the paper-scale runs of da Silva,
-    Dangel & Oore (2025), *Hide & Seek*, App. C.2. Taught in chapter 7, *Capstone: geodesic
-    sharpness of vision transformers*.
 
     Examples
     --------
@@ -72,6 +94,11 @@ def shard_batch(batch: PyTree, mesh: Mesh | None = None, *, axis: int = 0) -> Py
     >>> x = mg.shard_batch(jnp.ones((4, 3)))
     >>> x.shape, x.sharding.spec
     ((4, 3), P('data',))
+
+    References
+    ----------
+    No formula from the source papers (data parallelism for the paper-scale runs of da Silva, Dangel &
+    Oore 2025, App. C.2). Chapter 7.
     """
     mesh = data_parallel_mesh() if mesh is None else mesh
     n = mesh.shape["data"]
@@ -92,13 +119,19 @@ def shard_batch(batch: PyTree, mesh: Mesh | None = None, *, axis: int = 0) -> Py
 
 
 def replicate(tree: PyTree, mesh: Mesh | None = None) -> PyTree:
-    """Put a full copy of every leaf (e.g. the parameters) on each device of the mesh.
+    r"""Put a full copy of every leaf (e.g. the parameters) on each device of the mesh.
 
-    References
+    Parameters
     ----------
-    No formula from the source papers: data-parallel support for the paper-scale runs of da Silva,
-    Dangel & Oore (2025), *Hide & Seek*, App. C.2. Taught in chapter 7, *Capstone: geodesic
-    sharpness of vision transformers*.
+    tree : pytree
+        The arrays to replicate.
+    mesh : jax.sharding.Mesh, optional
+        The mesh; default :func:`data_parallel_mesh`.
+
+    Returns
+    -------
+    pytree
+        ``tree`` with every leaf replicated (``PartitionSpec()``).
 
     Examples
     --------
@@ -106,6 +139,11 @@ def replicate(tree: PyTree, mesh: Mesh | None = None) -> PyTree:
     >>> import minigeo as mg
     >>> mg.replicate({"w": jnp.ones(3)})["w"].sharding.spec
     P()
+
+    References
+    ----------
+    No formula from the source papers (data parallelism for the paper-scale runs of da Silva, Dangel &
+    Oore 2025, App. C.2). Chapter 7.
     """
     mesh = data_parallel_mesh() if mesh is None else mesh
     return jax.device_put(tree, NamedSharding(mesh, PartitionSpec()))

@@ -24,6 +24,23 @@ Da Silva et al. 2025 (Sec. 5.2) prints :math:`A\Lambda + \Lambda A^\top = B` for
 literally that is a different equation (:math:`A` is not symmetric) and its solution does not
 give a horizontal vector.
 
+**With the relaxation** :math:`\epsilon > 0`, :math:`P = G^\top G + \epsilon I` and :math:`Q = H^\top H + \epsilon I`
+in the metric, but the vertical directions :math:`(-G\Omega, H\Omega^\top)` keep the bare sides, so
+the orthogonality condition is the same, :math:`H^\top\eta_H Q^{-1} = P^{-1}\eta_G^\top G`, and substituting
+:math:`\eta` gives, with :math:`P_0 = G^\top G`, :math:`Q_0 = H^\top H`,
+
+.. math:: (PQ_0)\,X + X\,(P_0Q) = P H^\top\xi_H - \xi_G^\top G Q,\qquad X = \Lambda^\top.
+
+Substituting the relaxed Gram matrices into :math:`A = PQ` on both sides (as the paper's App. G.2
+suggests, and as minigeo did before) solves a different equation: its map leaves horizontal
+vectors alone but is not a projection (not idempotent, result not horizontal; 2e-3 to 0.25 off
+for :math:`\epsilon` from 1e-2 to 1 at unit-scale 6x3 pairs).  In whitened coordinates
+:math:`\hat G^\top\hat G = P^{-1/2}P_0P^{-1/2} = C_G \ne I`, and in the bases below the equation becomes
+:math:`S_G\hat X + \hat X S_H = b^\top\Sigma - \Sigma a^\top` with the symmetric positive definite
+:math:`S_G = \Sigma Z^\top C_G Z\Sigma`, :math:`S_H = \Sigma W^\top C_H W\Sigma`, solved in their
+eigenbases (computed as SVDs of :math:`C^{1/2}Z\Sigma`, :math:`C^{1/2}W\Sigma`, never as ``eigh`` of
+the products); see :func:`_whitened_projection`.  For :math:`\epsilon = 0` this is the diagonal solve below.
+
 **Numerics: sides, not Gram matrices.**  :math:`A = PQ` is diagonalizable with positive
 eigenvalues, but forming :math:`P = G^\top G` squares the condition number: in float32 an ``eigh``
 of :math:`P` has no correct digit left once :math:`\mathrm{cond}(G) \gtrsim 3\cdot 10^3`, which a
@@ -44,6 +61,7 @@ All functions accept leading batch dimensions (e.g. one pair per attention head)
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import NamedTuple, Tuple
 
@@ -165,6 +183,13 @@ class _PairFrame(NamedTuple):
     sigma: jax.Array
     ok: jax.Array
     cond: jax.Array
+    # eps > 0 only (None for eps = 0): the bases that diagonalize the Sylvester equation of the relaxed metric
+    LG: jax.Array | None = None
+    LH: jax.Array | None = None
+    AG: jax.Array | None = None
+    AH: jax.Array | None = None
+    dG: jax.Array | None = None
+    dH: jax.Array | None = None
 
 
 def _side_factors(M: jax.Array, eps):
@@ -178,29 +203,42 @@ def _side_factors(M: jax.Array, eps):
     cutoff = _singular_value_cutoff(n, h, M.dtype) * jnp.max(s)
     ok = jnp.all(jnp.isfinite(s)) & (jnp.min(r) > cutoff) & (jnp.min(r) > 0)
     cond = jnp.max(r) / jnp.maximum(jnp.min(r), jnp.finfo(M.dtype).tiny)
-    return Qm @ ((U * c) @ Vt), (V * r) @ Vt, (V / r_safe) @ Vt, (V * (c * c)) @ Vt, ok, cond
+    return Qm @ ((U * c) @ Vt), (V * r) @ Vt, (V / r_safe) @ Vt, (V * (c * c)) @ Vt, (V * c) @ Vt, ok, cond
 
 
-def _frame_one(G: jax.Array, H: jax.Array, eps):
+def _frame_one(G: jax.Array, H: jax.Array, eps, relaxed: bool):
     with jax.default_matmul_precision("highest"):
-        Gn, P_half, P_mhalf, gram_G, ok_G, cond_G = _side_factors(G, eps)
-        Hn, Q_half, Q_mhalf, gram_H, ok_H, cond_H = _side_factors(H, eps)
+        Gn, P_half, P_mhalf, gram_G, root_G, ok_G, cond_G = _side_factors(G, eps)
+        Hn, Q_half, Q_mhalf, gram_H, root_H, ok_H, cond_H = _side_factors(H, eps)
         W, sigma, Zt = jnp.linalg.svd(Q_half @ P_half)
-        return (Gn, Hn, P_half, P_mhalf, Q_half, Q_mhalf, gram_G, gram_H, Zt.T, W, sigma,
-                ok_G & ok_H, jnp.maximum(cond_G, cond_H))
+        Z = Zt.T
+        out = (Gn, Hn, P_half, P_mhalf, Q_half, Q_mhalf, gram_G, gram_H, Z, W, sigma,
+               ok_G & ok_H, jnp.maximum(cond_G, cond_H))
+        if not relaxed:
+            return out
+        # S_G = (C_G^{1/2} Z Sigma)^T (C_G^{1/2} Z Sigma), S_H likewise with W (module notes): factored
+        # by SVDs of the h x h roots, never by eigh of the products (that would square their condition)
+        ZS, WS = Z * sigma, W * sigma
+        _, tG, EGt = jnp.linalg.svd(root_G @ ZS)
+        _, tH, EHt = jnp.linalg.svd(root_H @ WS)
+        EG, EH = EGt.T, EHt.T
+        return out + (ZS @ EG, WS @ EH, W @ EG, Z @ EH, tG * tG, tH * tH)
 
 
-@jax.jit
-def _pair_frame(G: jax.Array, H: jax.Array, eps: jax.Array) -> _PairFrame:
-    return _PairFrame(G, H, *_map_matrices(lambda g, hh: _frame_one(g, hh, eps), G, H))
+@functools.partial(jax.jit, static_argnames="relaxed")
+def _pair_frame(G: jax.Array, H: jax.Array, eps: jax.Array, relaxed: bool) -> _PairFrame:
+    return _PairFrame(G, H, *_map_matrices(lambda g, hh: _frame_one(g, hh, eps, relaxed), G, H))
 
 
 def _factor_pair(G: jax.Array, H: jax.Array, eps=0.0) -> _PairFrame:
     """Factor metric (15) at ``(G, H)`` from thin SVDs of the sides (see :class:`_PairFrame`); batched over heads.
 
-    Compiled once per shape and dtype, so eager calls in a loop cost no more than the factorization."""
+    Compiled once per shape and dtype, so eager calls in a loop cost no more than the factorization.
+    A concrete ``eps == 0`` takes the unrelaxed path; any other ``eps`` (a traced one included) also
+    factors the Sylvester equation of the relaxed metric (``LG`` ... ``dH``)."""
     _check_eps(eps)
-    return _pair_frame(G, H, jnp.asarray(eps, G.dtype))
+    relaxed = not (is_concrete(eps) and float(np.asarray(eps)) == 0.0)
+    return _pair_frame(G, H, jnp.asarray(eps, G.dtype), relaxed)
 
 
 def _raise_if_singular(f: _PairFrame, who: str) -> None:
@@ -230,7 +268,19 @@ def _whitened_projection(f: _PairFrame, GtG: jax.Array, HtH: jax.Array):
     diagonal in these bases: :math:`Y_{ij} = (\sigma_i\sigma_j b_{ij} - \sigma_j^2 a_{ij})/(\sigma_i^2+\sigma_j^2)`,
     :math:`c_G = Z Y^\top Z^\top`, :math:`c_H = W\,\Sigma Y\Sigma^{-1} W^\top`; every factor is
     bounded, so no condition number is amplified.
+
+    With :math:`\epsilon > 0` (frame fields ``LG`` ... ``dH``), :math:`\hat G^\top\hat G \ne I` and the
+    equation is :math:`S_G\hat X + \hat X S_H = b^\top\Sigma - \Sigma a^\top` with
+    :math:`S_G = E_G D_G E_G^\top`, :math:`S_H = E_H D_H E_H^\top` (module notes):
+    :math:`K = (E_G^\top(b^\top\Sigma - \Sigma a^\top)E_H)_{ij}/(d_{G,i} + d_{H,j})`,
+    :math:`c_G = Z\Sigma E_G K E_H^\top Z^\top`, :math:`c_H = W\Sigma E_H K^\top E_G^\top W^\top`.
+    For :math:`\epsilon = 0`, :math:`E = I` and :math:`D = \Sigma^2`, which is the formula above.
     """
+    if f.dG is not None:
+        denom = f.dG[..., :, None] + f.dH[..., None, :]
+        denom = jnp.where(denom > 0, denom, 1.0)
+        K = (_mT(f.AG) @ _mT(HtH) @ f.LH - _mT(f.LG) @ GtG @ f.AH) / denom
+        return f.LG @ K @ _mT(f.AH), f.LH @ _mT(K) @ _mT(f.AG)
     s = f.sigma
     si, sj = s[..., :, None], s[..., None, :]
     denom = si * si + sj * sj
@@ -286,16 +336,36 @@ def _christoffel_with(f: _PairFrame, xi: Pair) -> Pair:
 
 
 def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str = "inv") -> jax.Array:
-    r"""The GL(h)-invariant metric of da Silva et al. 2025: eq. (15) (``kind="inv"``) or the "mix" metric (34).
+    r"""The GL(h)-invariant metric at a pair ``(G, H)``: eq. (15) (``kind="inv"``) or the "mix" metric (34).
 
-    ``"inv"``: :math:`\mathrm{Tr}((G^\top G)^{-1}\eta_G^\top\zeta_G) + \mathrm{Tr}((H^\top H)^{-1}\eta_H^\top\zeta_H)`;
-    ``"mix"``: :math:`\mathrm{Tr}((H^\top H)\eta_G^\top\zeta_G) + \mathrm{Tr}((G^\top G)\eta_H^\top\zeta_H)`.
-    Summed over batch (head) dimensions.
+    .. math::
 
-    References
+        \text{inv:}\quad \mathrm{Tr}\big(P^{-1}\eta_G^\top\zeta_G\big) + \mathrm{Tr}\big(Q^{-1}\eta_H^\top\zeta_H\big),\qquad
+        \text{mix:}\quad \mathrm{Tr}\big(Q\,\eta_G^\top\zeta_G\big) + \mathrm{Tr}\big(P\,\eta_H^\top\zeta_H\big),
+
+    with :math:`P = G^\top G + \epsilon I`, :math:`Q = H^\top H + \epsilon I`.
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (15) and the mix metric of App. F.2, eq.
-    (34). Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
+    point : tuple of two arrays
+        The pair ``(G, H)`` of shapes ``(..., n, h)`` and ``(..., m, h)`` (leading batch axes, e.g. heads).
+    eta, zeta : tuple of two arrays
+        Tangent vectors at ``point``, shaped like ``point``.
+    eps : float, optional
+        Relaxation :math:`\epsilon \ge 0` of the Gram matrices (App. G.2); 0 keeps the exact GL(h) invariance.
+    kind : {"inv", "mix"}, optional
+        Metric (15) or metric (34).
+
+    Returns
+    -------
+    jax.Array
+        The scalar inner product, summed over the batch (head) axes.
+
+    Raises
+    ------
+    GeometryError
+        If the shapes do not match, ``kind`` is unknown, ``eps < 0``, or (eagerly) a side is numerically
+        rank deficient; under ``jit`` the result is NaN instead.
 
     Examples
     --------
@@ -304,6 +374,10 @@ def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str
     >>> G, H = 2 * jnp.eye(2), jnp.eye(2)
     >>> float(mg.gl_metric((G, H), (jnp.eye(2), jnp.zeros((2, 2))), (jnp.eye(2), jnp.zeros((2, 2)))))  # Tr(I/4)
     0.5
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (15); App. F.2, eq. (34). Chapter 6.
     """
     G, H = _check_pair(point)
     eG, eH = _check_like(point, eta, "eta")
@@ -324,14 +398,28 @@ def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str
 
 
 def vertical_vector(point: Pair, omega: jax.Array) -> Pair:
-    r"""The vertical (orbit) direction :math:`(-G\Omega, H\Omega^\top)` for :math:`\Omega \in \mathbb R^{h\times h}`.
+    r"""The vertical (orbit) direction at ``(G, H)`` generated by :math:`\Omega \in \mathbb R^{h\times h}`.
 
-    It is the velocity of :math:`t \mapsto (G e^{-t\Omega}, H e^{t\Omega^\top})`; :math:`GH^\top` does not change.
+    .. math:: v(\Omega) = (-G\Omega,\; H\Omega^\top) = \tfrac{d}{dt}\big(Ge^{-t\Omega}, He^{t\Omega^\top}\big)\big|_{t=0},
 
-    References
+    along which :math:`GH^\top` does not change.
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 3.3 and App. B.3 (the vertical space is the
-    tangent space of the orbit). Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
+    point : tuple of two arrays
+        The pair ``(G, H)`` of shapes ``(..., n, h)`` and ``(..., m, h)``.
+    omega : array
+        :math:`\Omega`, of shape ``(..., h, h)`` (one per batch element).
+
+    Returns
+    -------
+    tuple of two arrays
+        ``(-G @ omega, H @ omega^T)``, shaped like ``point``.
+
+    Raises
+    ------
+    GeometryError
+        If ``point`` is not a pair of matrices with a common ``h`` or ``omega`` has the wrong shape.
 
     Examples
     --------
@@ -341,6 +429,10 @@ def vertical_vector(point: Pair, omega: jax.Array) -> Pair:
     >>> (vG @ jnp.ones((3, 2)).T + jnp.eye(2) @ vH.T).round(6)   # d(G H^T) = 0
     Array([[0., 0., 0.],
            [0., 0., 0.]], dtype=float32)
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 3.3 and App. B.3 (vertical space). Chapter 6.
     """
     G, H = _check_pair(point)
     omega = jnp.asarray(omega)
@@ -353,30 +445,41 @@ def vertical_vector(point: Pair, omega: jax.Array) -> Pair:
 
 
 def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
-    r"""The metric-orthogonal projection of a tangent vector onto the horizontal space (metric (15)).
+    r"""The metric-orthogonal projection of a tangent vector onto the horizontal space of metric (15).
 
-    :math:`\xi^{\mathrm H} = (\xi_G + G\Lambda, \xi_H - H\Lambda^\top)` with :math:`\Lambda^\top` solving
-    :math:`(PQ)X + X(PQ) = PH^\top\xi_H - \xi_G^\top GQ` (see the module notes for the derivation
-    and the difference to the equation printed in da Silva et al. 2025).  Idempotent; the
-    removed part is vertical; the result is orthogonal to every vertical vector.
+    .. math::
 
-    Computed from thin SVDs of ``G`` and ``H`` (never their Gram matrices) at ``"highest"`` matmul
-    precision, so the relative error is :math:`O(\mathrm{cond}(G)\,\varepsilon)`: about 1e-5 in
-    float32 at :math:`\mathrm{cond}(G) = 10^3`, where a Gram-matrix eigendecomposition loses 1e-2.
+        \xi^{\mathrm H} = (\xi_G + G\Lambda,\; \xi_H - H\Lambda^\top),\qquad
+        (PH^\top H)X + X(G^\top GQ) = PH^\top\xi_H - \xi_G^\top GQ,\quad X = \Lambda^\top,
+
+    with :math:`P = G^\top G + \epsilon I`, :math:`Q = H^\top H + \epsilon I` (for :math:`\epsilon = 0`:
+    :math:`(PQ)X + X(PQ)`; the module notes derive it and compare with the equation printed in the
+    paper).  For every :math:`\epsilon \ge 0` it is the orthogonal projection for the (relaxed) metric:
+    idempotent; the removed part is vertical; the result is orthogonal to every vertical vector.
+    Computed from thin SVDs of the sides at ``"highest"`` precision: relative error
+    :math:`O(\mathrm{cond}(G)\,\varepsilon_{\mathrm{dtype}})`, not :math:`O(\mathrm{cond}(G)^2\varepsilon_{\mathrm{dtype}})`.
+
+    Parameters
+    ----------
+    point : tuple of two arrays
+        The pair ``(G, H)`` of shapes ``(..., n, h)`` and ``(..., m, h)`` (leading batch axes, e.g. heads).
+    xi : tuple of two arrays
+        The tangent vector, shaped like ``point``.
+    eps : float, optional
+        Relaxation :math:`\epsilon \ge 0` (App. G.2); needed for (nearly) rank-deficient sides.
+
+    Returns
+    -------
+    tuple of two arrays
+        :math:`\xi^{\mathrm H}`, shaped like ``point``.
 
     Raises
     ------
     GeometryError
-        If the pair is numerically rank deficient at its dtype (smallest singular value of a side,
-        relaxed by ``eps``, below :math:`10\sqrt{\max(n,h)}\,\varepsilon\,s_{\max}`) and the values are
-        concrete; use ``eps > 0``, float64 or a better-conditioned point.  Under ``jit`` nothing can
-        be raised: the result is NaN for every rank-deficient pair (head), never a meaningless number.
-
-    References
-    ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.2 (the horizontal space and its Sylvester
-    equation, after eq. (15)) and App. B.3. Taught in chapter 6, *Quotient-manifold geodesic
-    sharpness*.
+        If the shapes do not match, ``eps < 0``, or the pair is numerically rank deficient at its dtype
+        (relaxed smallest singular value of a side below :math:`10\sqrt{\max(n,h)}\,\varepsilon\,s_{\max}`)
+        and the values are concrete; use ``eps > 0``, float64 or a better-conditioned point.  Under
+        ``jit`` nothing is raised: the result is NaN for every rank-deficient pair (head).
 
     Examples
     --------
@@ -386,6 +489,11 @@ def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     >>> xi = mg.vertical_vector(point, jnp.array([[0.3, -1.0], [0.5, 0.2]]))
     >>> [float(jnp.abs(x).max()) < 1e-5 for x in mg.horizontal_projection(point, xi)]  # vertical -> 0
     [True, True]
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.2 (horizontal space and its Sylvester
+    equation) and App. B.3. Chapter 6.
     """
     G, H = _check_pair(point)
     xG, xH = _check_like(point, xi, "xi")
@@ -396,15 +504,30 @@ def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
 
 
 def riemannian_gradient(point: Pair, egrad: Pair, *, eps: float = 0.0) -> Pair:
-    r"""Riemannian gradient for metric (15): :math:`(\nabla_G\,(G^\top G + \epsilon I),\; \nabla_H\,(H^\top H + \epsilon I))`.
+    r"""The Riemannian gradient for metric (15): the inverse metric applied to the Euclidean gradient.
 
-    ``egrad`` is the Euclidean gradient :math:`(\nabla_G f, \nabla_H f)`.  For a function of
-    :math:`GH^\top` only, the result is horizontal.
+    .. math:: \operatorname{grad} f = \big(\nabla_G f\,(G^\top G + \epsilon I),\; \nabla_H f\,(H^\top H + \epsilon I)\big).
 
-    References
+    For a function of :math:`GH^\top` only, the result is horizontal (for every :math:`\epsilon \ge 0`).
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. B.5 (Riemannian gradient for metric (15)).
-    Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
+    point : tuple of two arrays
+        The pair ``(G, H)`` of shapes ``(..., n, h)`` and ``(..., m, h)``.
+    egrad : tuple of two arrays
+        The Euclidean gradient :math:`(\nabla_G f, \nabla_H f)`, shaped like ``point``.
+    eps : float, optional
+        Relaxation :math:`\epsilon \ge 0` (App. G.2).
+
+    Returns
+    -------
+    tuple of two arrays
+        The Riemannian gradient, shaped like ``point``.
+
+    Raises
+    ------
+    GeometryError
+        If the shapes do not match or ``eps < 0``.
 
     Examples
     --------
@@ -413,6 +536,10 @@ def riemannian_gradient(point: Pair, egrad: Pair, *, eps: float = 0.0) -> Pair:
     >>> mg.riemannian_gradient((2 * jnp.eye(2), jnp.eye(2)), (jnp.eye(2), jnp.eye(2)))[0]
     Array([[4., 0.],
            [0., 4.]], dtype=float32)
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. B.5 (Riemannian gradient), for metric (15). Chapter 6.
     """
     G, H = _check_pair(point)
     gG, gH = _check_like(point, egrad, "egrad")
@@ -423,16 +550,33 @@ def riemannian_gradient(point: Pair, egrad: Pair, *, eps: float = 0.0) -> Pair:
 
 
 def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
-    r"""The geodesic correction :math:`\Gamma(\xi, \xi)` of metric (15), da Silva et al. 2025 eq. (43)/(16).
+    r"""The geodesic correction :math:`\Gamma(\xi, \xi)` of metric (15).
 
-    For the G part :math:`-\xi_G P^{-1}(\xi_G^\top G + G^\top\xi_G) + G P^{-1}\xi_G^\top\xi_G` with
-    :math:`P = G^\top G (+\epsilon I)`, and likewise for H.  Geodesics satisfy
-    :math:`\ddot\gamma + \Gamma(\dot\gamma, \dot\gamma) = 0`.
+    .. math:: \Gamma_G(\xi,\xi) = -\xi_G P^{-1}(\xi_G^\top G + G^\top\xi_G) + G P^{-1}\xi_G^\top\xi_G,\qquad P = G^\top G + \epsilon I,
 
-    References
+    and likewise for H with :math:`Q = H^\top H + \epsilon I`; geodesics satisfy
+    :math:`\ddot\gamma + \Gamma(\dot\gamma, \dot\gamma) = 0` (exact for the relaxed metric too:
+    :math:`\epsilon I` does not depend on the point).
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (16) and App. eq. (43). Taught in chapter 6,
-    *Quotient-manifold geodesic sharpness*.
+    point : tuple of two arrays
+        The pair ``(G, H)`` of shapes ``(..., n, h)`` and ``(..., m, h)``.
+    xi : tuple of two arrays
+        The velocity, shaped like ``point``.
+    eps : float, optional
+        Relaxation :math:`\epsilon \ge 0` (App. G.2).
+
+    Returns
+    -------
+    tuple of two arrays
+        :math:`(\Gamma_G, \Gamma_H)`, shaped like ``point``.
+
+    Raises
+    ------
+    GeometryError
+        If the shapes do not match, ``eps < 0``, or (eagerly) a side is numerically rank deficient;
+        under ``jit`` the result is NaN instead.
 
     Examples
     --------
@@ -440,6 +584,10 @@ def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     >>> import minigeo as mg
     >>> [x.round(4).tolist() for x in mg.christoffel_quadratic((jnp.array([[2.0]]), jnp.array([[1.0]])), (jnp.array([[1.0]]), jnp.zeros((1, 1))))]
     [[[-0.5]], [[0.0]]]
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (16); App. H.2, eq. (43). Chapter 6.
     """
     G, H = _check_pair(point)
     xG, xH = _check_like(point, xi, "xi")
@@ -448,12 +596,30 @@ def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
 
 
 def geodesic_step(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
-    r"""Second-order approximation of the geodesic :math:`\gamma_\xi(1) \approx x + \xi - \tfrac12\Gamma(\xi,\xi)` (da Silva et al. 2025, eq. 7).
+    r"""The second-order approximation of the geodesic of metric (15) from ``point`` with velocity ``xi``.
 
-    References
+    .. math:: \gamma_\xi(1) \approx x + \xi - \tfrac12\Gamma(\xi,\xi)
+
+    with :math:`\Gamma` from :func:`christoffel_quadratic`.
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (7) (second-order geodesic), used in eq. (8);
-    App. B.6. Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
+    point : tuple of two arrays
+        The pair ``(G, H)`` of shapes ``(..., n, h)`` and ``(..., m, h)``.
+    xi : tuple of two arrays
+        The initial velocity, shaped like ``point``.
+    eps : float, optional
+        Relaxation :math:`\epsilon \ge 0` (App. G.2).
+
+    Returns
+    -------
+    tuple of two arrays
+        The moved pair :math:`(G_1, H_1)`.
+
+    Raises
+    ------
+    GeometryError
+        As :func:`christoffel_quadratic`.
 
     Examples
     --------
@@ -462,6 +628,10 @@ def geodesic_step(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     >>> G1, H1 = mg.geodesic_step((jnp.array([[2.0]]), jnp.array([[1.0]])), (jnp.array([[1.0]]), jnp.zeros((1, 1))))
     >>> round(float(G1[0, 0]), 4)   # exact geodesic 2 exp(1/2) = 3.2974
     3.25
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (7), used in eq. (8); App. B.6. Chapter 6.
     """
     G, H = _check_pair(point)
     xG, xH = _check_like(point, xi, "xi")
@@ -497,12 +667,26 @@ def _check_elementwise(point: Pair, vec: Pair | None = None, what: str = "xi") -
 
 
 def gl1_metric(point: Pair, eta: Pair, zeta: Pair) -> jax.Array:
-    r"""Metric (15) for :math:`h = 1`, element-wise: :math:`\sum \eta_u\zeta_u/u^2 + \eta_v\zeta_v/v^2` (adaptive sharpness' norm).
+    r"""Metric (15) for :math:`h = 1`, element-wise (the norm behind adaptive sharpness).
 
-    References
+    .. math:: g\big((\eta_u, \eta_v), (\zeta_u, \zeta_v)\big) = \sum_i \frac{\eta_{u,i}\zeta_{u,i}}{u_i^2} + \frac{\eta_{v,i}\zeta_{v,i}}{v_i^2}.
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.1 and App. D (metric (15) for h = 1).
-    Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
+    point : tuple of two arrays
+        ``(u, v)`` of the same shape, used as ``u * v``; no entry may be 0.
+    eta, zeta : tuple of two arrays
+        Tangent vectors, shaped like ``point``.
+
+    Returns
+    -------
+    jax.Array
+        The scalar inner product.
+
+    Raises
+    ------
+    GeometryError
+        If the shapes differ or (eagerly) an entry of ``u`` or ``v`` is 0.
 
     Examples
     --------
@@ -510,6 +694,10 @@ def gl1_metric(point: Pair, eta: Pair, zeta: Pair) -> jax.Array:
     >>> import minigeo as mg
     >>> float(mg.gl1_metric((jnp.array([2.0]), jnp.array([1.0])), (jnp.array([2.0]), jnp.array([1.0])), (jnp.array([2.0]), jnp.array([1.0]))))
     2.0
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.1, eq. (9); App. D, eq. (22). Chapter 6.
     """
     u, v, a, b = _check_elementwise(point, eta, "eta")
     _, _, c, d = _check_elementwise(point, zeta, "zeta")
@@ -517,15 +705,28 @@ def gl1_metric(point: Pair, eta: Pair, zeta: Pair) -> jax.Array:
 
 
 def gl1_horizontal_projection(point: Pair, xi: Pair) -> Pair:
-    r"""Horizontal projection for :math:`(u, v) \mapsto (au, v/a)`: equalize :math:`\xi_u/u` and :math:`\xi_v/v`.
+    r"""The horizontal projection for the rescaling :math:`(u, v) \mapsto (au, v/a)`: equalize :math:`\xi_u/u` and :math:`\xi_v/v`.
 
-    Vertical directions are :math:`(-u\omega, v\omega)`; the projection removes the one with
-    :math:`\omega = \tfrac12(\xi_v/v - \xi_u/u)`.
+    .. math:: \xi^{\mathrm H} = (\xi_u + u\omega,\; \xi_v - v\omega),\qquad \omega = \tfrac12\big(\xi_v/v - \xi_u/u\big),
 
-    References
+    removing the vertical direction :math:`(-u\omega, v\omega)` (orthogonal for :func:`gl1_metric`).
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.1 and App. D. Taught in chapter 6,
-    *Quotient-manifold geodesic sharpness*.
+    point : tuple of two arrays
+        ``(u, v)`` of the same shape; no entry may be 0.
+    xi : tuple of two arrays
+        The tangent vector, shaped like ``point``.
+
+    Returns
+    -------
+    tuple of two arrays
+        :math:`\xi^{\mathrm H}`, with :math:`\xi^{\mathrm H}_u/u = \xi^{\mathrm H}_v/v`.
+
+    Raises
+    ------
+    GeometryError
+        If the shapes differ or (eagerly) an entry of ``u`` or ``v`` is 0.
 
     Examples
     --------
@@ -533,6 +734,10 @@ def gl1_horizontal_projection(point: Pair, xi: Pair) -> Pair:
     >>> import minigeo as mg
     >>> mg.gl1_horizontal_projection((jnp.array([1.0]), jnp.array([1.0])), (jnp.array([1.0]), jnp.array([-1.0])))
     (Array([0.], dtype=float32), Array([0.], dtype=float32))
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.1 (above eq. (10)); App. D (horizontal space). Chapter 6.
     """
     u, v, a, b = _check_elementwise(point, xi)
     omega = 0.5 * (b / v - a / u)
@@ -540,12 +745,28 @@ def gl1_horizontal_projection(point: Pair, xi: Pair) -> Pair:
 
 
 def gl1_geodesic(point: Pair, xi: Pair, t: float = 1.0) -> Pair:
-    r"""Exact geodesic of the GL(1) metric: :math:`u(t) = u\,e^{t\,\xi_u/u}`, :math:`v(t) = v\,e^{t\,\xi_v/v}` (da Silva et al. 2025, eq. 10, App. D).
+    r"""The exact geodesic of the GL(1) metric :func:`gl1_metric`.
 
-    References
+    .. math:: u(t) = u\,e^{t\,\xi_u/u},\qquad v(t) = v\,e^{t\,\xi_v/v}.
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, eq. (10) and App. D (exact GL(1) geodesics).
-    Taught in chapter 6, *Quotient-manifold geodesic sharpness*.
+    point : tuple of two arrays
+        ``(u, v)`` of the same shape; no entry may be 0.
+    xi : tuple of two arrays
+        The initial velocity, shaped like ``point`` (horizontal if :math:`\xi_u/u = \xi_v/v`).
+    t : float, optional
+        The time at which to evaluate the geodesic.
+
+    Returns
+    -------
+    tuple of two arrays
+        :math:`(u(t), v(t))`.
+
+    Raises
+    ------
+    GeometryError
+        If the shapes differ or (eagerly) an entry of ``u`` or ``v`` is 0.
 
     Examples
     --------
@@ -554,6 +775,10 @@ def gl1_geodesic(point: Pair, xi: Pair, t: float = 1.0) -> Pair:
     >>> u1, _ = mg.gl1_geodesic((jnp.array([2.0]), jnp.array([1.0])), (jnp.array([1.0]), jnp.array([0.0])))
     >>> round(float(u1[0]), 4)
     3.2974
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.1, eq. (10); App. D. Chapter 6.
     """
     u, v, a, b = _check_elementwise(point, xi)
     return u * jnp.exp(t * a / u), v * jnp.exp(t * b / v)

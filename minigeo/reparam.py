@@ -44,12 +44,14 @@ def _positive(tree: PyTree) -> PyTree:
 
 
 def log() -> Reparametrization:
-    r"""Element-wise log coordinates, :math:`\psi = \log\theta`, for positive parameters.
+    r"""Element-wise log coordinates for positive parameters.
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (log coordinates of positive parameters). Taught in
-    chapter 1, *Vectors vs covectors*.
+    .. math:: \psi = \log\theta,\qquad \theta = e^{\psi},\qquad J = \mathrm{diag}(1/\theta).
+
+    Returns
+    -------
+    Reparametrization
+        The chart; its ``domain`` check rejects :math:`\theta \le 0`.
 
     Examples
     --------
@@ -57,6 +59,10 @@ def log() -> Reparametrization:
     >>> from minigeo import reparam
     >>> reparam.log().forward(jnp.array([1.0, jnp.e]))
     Array([0., 1.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, Example 1(a) (log-space parametrization). Chapter 1.
     """
     return Reparametrization(
         _map(jnp.log),
@@ -73,15 +79,14 @@ def _inverse_softplus(t: jax.Array) -> jax.Array:
 
 
 def softplus() -> Reparametrization:
-    r"""Softplus coordinates: :math:`\theta = \log(1 + e^{\psi})`, i.e. :math:`\psi = \mathrm{softplus}^{-1}(\theta)`.
+    r"""Softplus coordinates for positive parameters: like :func:`log`, but :math:`\theta \approx \psi` for large values.
 
-    Maps positive parameters to the real line, like :func:`log` but with
-    :math:`\theta \approx \psi` for large values (Kristiadi et al. 2023, Example 1(a)).
+    .. math:: \theta = \log(1 + e^{\psi}),\qquad \psi = \mathrm{softplus}^{-1}(\theta) = \theta + \log(1 - e^{-\theta}).
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Example 1(a). Taught in chapters 1, *Vectors vs covectors*
-    and 5, *Densities and volume forms*.
+    Returns
+    -------
+    Reparametrization
+        The chart; its ``domain`` check rejects :math:`\theta \le 0`.
 
     Examples
     --------
@@ -90,6 +95,10 @@ def softplus() -> Reparametrization:
     >>> phi = reparam.softplus()
     >>> round(float(phi.inverse(phi.forward(jnp.array([0.3])))[0]), 6)
     0.3
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, Example 1(a). Chapters 1 and 5.
     """
     return Reparametrization(
         _map(_inverse_softplus),
@@ -101,14 +110,24 @@ def softplus() -> Reparametrization:
 
 
 def scale(c: Any) -> Reparametrization:
-    r"""Rescaling :math:`\psi = c\,\theta` by a non-zero scalar, array, or pytree matching the point.
+    r"""Rescaling by a non-zero factor: a change of units (minutes to seconds is ``scale(60.0)`` on a time coefficient).
 
-    A change of units: minutes to seconds is ``scale(60.0)`` on a time coefficient.
+    .. math:: \psi = c\,\theta,\qquad J = \mathrm{diag}(c).
 
-    References
+    Parameters
     ----------
-    Grosse (2022), CSC2541 lecture 3 *Metrics* (units and rescaling of coordinates); Kristiadi,
-    Dangel & Hennig (2023), Sec. 3.2. Taught in chapter 1, *Vectors vs covectors*.
+    c : scalar, array or pytree
+        Non-zero factor(s): a scalar, an array broadcasting against the point, or a pytree matching it.
+
+    Returns
+    -------
+    Reparametrization
+        The chart.
+
+    Raises
+    ------
+    GeometryError
+        If ``c`` is empty, not finite, or has a zero entry (checked when concrete).
 
     Examples
     --------
@@ -116,6 +135,11 @@ def scale(c: Any) -> Reparametrization:
     >>> from minigeo import reparam
     >>> reparam.scale(60.0).forward(jnp.array([0.5]))
     Array([30.], dtype=float32)
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (dimensional analysis, minutes to seconds); Kristiadi,
+    Dangel & Hennig (2023), Sec. 3.2. Chapter 1.
     """
     leaves = jax.tree_util.tree_leaves(c)
     if not leaves:
@@ -144,20 +168,30 @@ def scale(c: Any) -> Reparametrization:
 
 
 def affine(A: Any, b: Any = None) -> Reparametrization:
-    r"""Affine coordinates :math:`\psi = A\theta + b` with an invertible square matrix :math:`A`.
+    r"""Affine coordinates with an invertible square matrix (constant Jacobian :math:`A`).
 
-    Acts on 1-D arrays, or on pytrees through their flattened coordinates (the
-    order of :func:`jax.flatten_util.ravel_pytree`); ψ keeps θ's structure.
+    .. math:: \psi = A\theta + b,\qquad \theta = A^{-1}(\psi - b).
+
+    Acts on 1-D arrays, or on pytrees through their flattened coordinates (the order of
+    :func:`jax.flatten_util.ravel_pytree`); ψ keeps θ's structure.
+
+    Parameters
+    ----------
+    A : array
+        Invertible ``(n, n)`` matrix.
+    b : array, optional
+        Offset of shape ``(n,)``; zero by default.
+
+    Returns
+    -------
+    Reparametrization
+        The chart, for points with ``n`` coordinates.
 
     Raises
     ------
     GeometryError
-        If ``A`` is not square, not finite, or singular.
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a linear change of coordinates, constant Jacobian).
-    Taught in chapter 1, *Vectors vs covectors*.
+        If ``A`` is not square, ``b`` has the wrong shape, or (when concrete) ``A`` or ``b`` is not
+        finite or ``A`` is singular; on use, if a point does not have ``n`` coordinates.
 
     Examples
     --------
@@ -166,6 +200,10 @@ def affine(A: Any, b: Any = None) -> Reparametrization:
     >>> phi = reparam.affine(jnp.array([[2.0, 0.0], [1.0, 1.0]]), jnp.array([0.0, 1.0]))
     >>> phi.forward(jnp.array([1.0, 1.0]))
     Array([2., 3.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (change of coordinates and its Jacobian). Chapter 1.
     """
     A = jnp.asarray(A)
     if A.ndim != 2 or A.shape[0] != A.shape[1]:
@@ -214,15 +252,16 @@ def _check_plane(x: jax.Array, what: str) -> None:
 
 
 def polar() -> Reparametrization:
-    r"""Polar coordinates of the plane, :math:`(x, y) \mapsto (r, \alpha)`, :math:`r = \sqrt{x^2+y^2}`, :math:`\alpha = \mathrm{atan2}(y, x)`.
+    r"""Polar coordinates of the plane; the Euclidean metric becomes :math:`\mathrm{diag}(1, r^2)`.
 
-    Invertible away from the origin; the angle lies in :math:`(-\pi, \pi]`.  The
-    Euclidean metric becomes :math:`\mathrm{diag}(1, r^2)`.
+    .. math:: (x, y) \mapsto (r, \alpha),\qquad r = \sqrt{x^2+y^2},\quad \alpha = \mathrm{atan2}(y, x) \in (-\pi, \pi].
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a nonlinear change of coordinates); the chapter's
-    worked example. Taught in chapter 1, *Vectors vs covectors*.
+    Invertible away from the origin.
+
+    Returns
+    -------
+    Reparametrization
+        The chart, acting on points of shape ``(2,)``; its ``domain`` check rejects the origin.
 
     Examples
     --------
@@ -230,6 +269,10 @@ def polar() -> Reparametrization:
     >>> from minigeo import reparam
     >>> reparam.polar().forward(jnp.array([0.0, 2.0])).round(4)
     Array([2.    , 1.5708], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (polar coordinates as an alternative chart). Chapter 1.
     """
 
     def forward(xy: jax.Array) -> jax.Array:
@@ -252,16 +295,27 @@ def polar() -> Reparametrization:
 
 
 def compose(*phis: Reparametrization) -> Reparametrization:
-    r"""The composition :math:`\varphi_n \circ \dots \circ \varphi_1` (``phis[0]`` applied first).
+    r"""The composition of reparametrizations, ``phis[0]`` applied first.
 
-    Its Jacobian is the product of the Jacobians (chain rule), so every rule in
-    :mod:`minigeo.coords` composes: transforming by ``compose(f, g)`` equals
+    .. math:: \varphi = \varphi_n \circ \dots \circ \varphi_1,\qquad J_\varphi = J_{\varphi_n}\cdots J_{\varphi_1}\ \text{(chain rule)},
+
+    so every rule in :mod:`minigeo.coords` composes: transforming by ``compose(f, g)`` equals
     transforming by ``f`` then by ``g``.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (Jacobians of composed reparametrizations multiply).
-    Taught in chapter 1, *Vectors vs covectors*.
+    *phis : Reparametrization
+        One or more charts, in the order they are applied.
+
+    Returns
+    -------
+    Reparametrization
+        The composed chart.
+
+    Raises
+    ------
+    GeometryError
+        If no chart is given or an argument is not a :class:`~minigeo.coords.Reparametrization`.
 
     Examples
     --------
@@ -270,6 +324,10 @@ def compose(*phis: Reparametrization) -> Reparametrization:
     >>> phi = reparam.compose(reparam.log(), reparam.scale(2.0))  # psi = 2 log(theta)
     >>> phi.forward(jnp.array([jnp.e]))
     Array([2.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (transformation rules; the chain rule). Chapter 1.
     """
     if not phis:
         raise GeometryError("compose() needs at least one reparametrization.")

@@ -57,23 +57,29 @@ Side = Tuple[int, ...]
 
 
 class SymmetrySpec(NamedTuple):
-    """Which leaves of a parameter pytree form GL(h) pairs ``(G, H)`` (used as ``G H^T``), which form
-    element-wise GL(1) pairs ``(u, v)`` (used as ``u * v``, e.g. diagonal networks), and, implicitly,
-    that all other leaves are treated element-wise by the adaptive recipe.
+    r"""Which leaves of a parameter pytree form GL(h) pairs, GL(1) pairs, or are redundant.
 
-    ``redundant`` holds leaves the network function does not depend on at all (e.g. attention's
-    key bias): no sharpness measure perturbs them.
+    GL(h) pairs ``(G, H)`` are used as :math:`GH^\top` (symmetry :math:`(G, H) \mapsto (GA^{-1}, HA^\top)`);
+    element-wise GL(1) pairs ``(u, v)`` are used as ``u * v`` (e.g. diagonal networks); all other
+    leaves are treated element-wise by the adaptive recipe.  ``redundant`` leaves are ones the
+    network function does not depend on at all (e.g. attention's key bias): no sharpness measure
+    perturbs them.  Build it with :func:`symmetry_spec`, which checks the paths and shapes.
 
-    Build it with :func:`symmetry_spec`, which checks the paths and shapes.  ``pairs`` holds,
-    per GL(h) pair, the leaf indices (in ``jax.tree_util.tree_leaves`` order) of each side:
-    ``(weight,)`` or ``(weight, bias)`` when a bias is appended as a last row (da Silva et al. 2025,
-    Example A.1).  ``gl1_pairs`` holds ``(u, v)`` leaf indices.
-
-    References
+    Attributes
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 3.1, Sec. 5.2 and Example A.1. Taught in
-    chapters 6, *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic sharpness of
-    vision transformers*.
+    pairs : tuple
+        Per GL(h) pair, the leaf indices (in ``jax.tree_util.tree_leaves`` order) of each side:
+        ``(weight,)``, or ``(weight, bias)`` when a bias is appended as a last row.
+    num_leaves : int
+        Number of leaves of the parameter pytree.
+    eps : float
+        Relaxation :math:`\epsilon` of metric (15) (App. G.2).
+    gl1_pairs : tuple
+        ``(u, v)`` leaf indices of the GL(1) pairs.
+    redundant : tuple
+        Indices of the leaves held fixed.
+    pair_names : tuple of str
+        Readable names of the GL(h) pairs (used in error messages).
 
     Examples
     --------
@@ -83,6 +89,10 @@ class SymmetrySpec(NamedTuple):
     >>> spec = mg.symmetry_spec(params, [(("G",), ("H",))])
     >>> spec.pairs, spec.num_leaves  # leaf indices in tree_leaves order: G=0, H=1, b=2
     ((((0,), (1,)),), 3)
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 3.1, Sec. 5.2, Example A.1. Chapters 6 and 7.
     """
 
     pairs: tuple[tuple[Side, Side], ...]
@@ -94,13 +104,16 @@ class SymmetrySpec(NamedTuple):
 
 
 class WithBias(NamedTuple):
-    """One side of a GL(h) pair: a weight ``(..., n, h)`` with its bias ``(..., h)`` appended as row ``n + 1``.
+    r"""One side of a GL(h) pair: a weight ``(..., n, h)`` with its bias ``(..., h)`` appended as row ``n + 1``.
 
-    References
+    .. math:: M = \begin{pmatrix} W \\ b^\top \end{pmatrix} \in \mathbb R^{(n+1)\times h}
+
+    Attributes
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Example A.1 (biases appended to the weight
-    matrix). Taught in chapters 6, *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic
-    sharpness of vision transformers*.
+    weight : tuple
+        Path of the weight leaf.
+    bias : tuple
+        Path of the bias leaf.
 
     Examples
     --------
@@ -108,6 +121,10 @@ class WithBias(NamedTuple):
     >>> side = mg.with_bias(("attn", "W_v"), ("attn", "b_v"))
     >>> isinstance(side, mg.WithBias), side.bias
     (True, ('attn', 'b_v'))
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Example A.1 (bias appended to the weight). Chapters 6 and 7.
     """
 
     weight: Path
@@ -115,23 +132,34 @@ class WithBias(NamedTuple):
 
 
 def with_bias(weight: Path, bias: Path) -> WithBias:
-    r"""Name a GL(h) side whose bias is appended to its weight, :math:`\binom{W}{b^\top}` (da Silva et al. 2025, Example A.1).
+    r"""Name a GL(h) side whose bias is appended to its weight as a last row.
 
-    Attention computes :math:`XW_q + \mathbf 1 b_q^\top = [X\ \mathbf 1]\binom{W_q}{b_q^\top}`, so
-    the GL(h) symmetry :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` acts on the weight and its bias
-    together: pass ``with_bias(("W_q",), ("b_q",))`` as a side in :func:`symmetry_spec`.
+    .. math:: XW_q + \mathbf 1 b_q^\top = [X\ \mathbf 1]\begin{pmatrix} W_q \\ b_q^\top \end{pmatrix},
 
-    References
+    so the symmetry :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` acts on the weight and its bias together:
+    pass ``with_bias(("W_q",), ("b_q",))`` as a side in :func:`symmetry_spec`.
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Example A.1. Taught in chapters 6,
-    *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic sharpness of vision
-    transformers*.
+    weight : tuple
+        Path of the weight leaf ``(..., n, h)`` in the parameter pytree.
+    bias : tuple
+        Path of the bias leaf ``(..., h)``.
+
+    Returns
+    -------
+    WithBias
+        The two paths (lists are converted to tuples).
 
     Examples
     --------
     >>> import minigeo as mg
     >>> mg.with_bias(("attn", "W_q"), ("attn", "b_q"))
     WithBias(weight=('attn', 'W_q'), bias=('attn', 'b_q'))
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Example A.1. Chapters 6 and 7.
     """
     return WithBias(
         tuple(weight) if isinstance(weight, list) else weight, tuple(bias) if isinstance(bias, list) else bias
@@ -153,15 +181,11 @@ def symmetry_spec(
     redundant: Sequence[Path] = (),
     eps: float = 0.0,
 ) -> SymmetrySpec:
-    r"""Name the GL(h) pairs of a parameter pytree by their paths, e.g. ``[(("attn", "W_q"), ("attn", "W_k"))]``.
+    r"""Name the symmetries of a parameter pytree by their paths, e.g. ``[(("attn", "W_q"), ("attn", "W_k"))]``.
 
-    Each pair's arrays must have shapes ``(..., n, h)`` and ``(..., m, h)`` with equal
-    ``h`` and batch (head) dimensions.  A side given as :func:`with_bias` ``(weight, bias)``
-    appends the bias ``(..., h)`` to its weight as a last row, so the pair is
-    :math:`\big(\binom{W_G}{b_G^\top}, \binom{W_H}{b_H^\top}\big)` (da Silva et al. 2025, Example A.1).
-    ``gl1_pairs`` name leaves ``(u, v)`` of equal shape used through ``u * v``: they get the
-    exact horizontal geodesics :math:`(u e^{B}, v e^{B})` of da Silva et al. 2025, eq. (10).  ``eps`` is
-    the relaxation of App. G.2.
+    A GL(h) pair is :math:`(G, H)` used as :math:`GH^\top`; with a side given as :func:`with_bias`
+    the pair is :math:`\big(\binom{W_G}{b_G^\top}, \binom{W_H}{b_H^\top}\big)`.  GL(1) pairs get the
+    exact horizontal geodesics :math:`(u e^{B}, v e^{B})`.
 
     ``redundant`` names leaves that do not change the network function (a direction :math:`v`
     with :math:`f(w + tv) = f(w)` for all :math:`t`): attention's key bias :math:`b_k` adds
@@ -171,17 +195,30 @@ def symmetry_spec(
     hold them fixed.  (Da Silva et al. 2025, Example A.1, appends :math:`b_k` to the key side of the pair
     instead; that is a valid symmetry, but it makes sharpness change when :math:`b_k` is shifted.)
 
+    Parameters
+    ----------
+    params : pytree
+        The parameters (arrays or shape-dtype structs).
+    gl_pairs : sequence of (side, side)
+        GL(h) pairs; a side is a path (tuple of keys) or a :func:`with_bias`.  The two sides must have
+        shapes ``(..., n, h)`` and ``(..., m, h)`` with equal ``h`` and batch (head) dimensions.
+    gl1_pairs : sequence of (path, path), optional
+        Element-wise pairs ``(u, v)`` of equal shape, used through ``u * v``.
+    redundant : sequence of path, optional
+        Leaves held fixed.
+    eps : float, optional
+        Relaxation :math:`\epsilon \ge 0` of metric (15) (App. G.2); breaks exact invariance if > 0.
+
+    Returns
+    -------
+    SymmetrySpec
+        Leaf indices of the pairs, the redundant leaves and ``eps``.
+
     Raises
     ------
     GeometryError
-        If a path does not exist (the message lists the available paths), a leaf is
-        used twice, or the shapes are incompatible.
-
-    References
-    ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.2, Example A.1 and App. G.2 (relaxation).
-    Taught in chapters 6, *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic
-    sharpness of vision transformers*.
+        If a path does not exist (the message lists the available paths), a leaf is used twice, the
+        shapes are incompatible, or ``eps < 0``.
 
     Examples
     --------
@@ -192,6 +229,10 @@ def symmetry_spec(
     (((3,), (2,)),)
     >>> mg.symmetry_spec(params, [(mg.with_bias(("q",), ("bq",)), ("k",))]).pairs
     (((3, 1), (2,)),)
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.1, eq. (10); Sec. 5.2; Example A.1; App. G.2. Chapters 6 and 7.
     """
     if isinstance(eps, (int, float)) and eps < 0:
         raise GeometryError(f"symmetry_spec: eps must be >= 0, got {eps}.")
@@ -260,24 +301,25 @@ _RESTART_RTOL, _RESTART_PATIENCE = 1e-3, 2
 
 
 class SharpnessResult(NamedTuple):
-    """Sharpness averaged over batches, per batch, the maximizing perturbations, and a status.
+    r"""Sharpness averaged over batches, per batch, the maximizing perturbations, and a status.
 
-    ``perturbation`` is the maximizing perturbation of each batch, stacked along a leading axis,
-    when the call asked for it (``return_perturbation=True``; at ViT-B/32 that is 88 M numbers per
-    batch), else ``None``.
+    .. math:: S = \frac1B\sum_{b=1}^B S_b
 
-    ``status`` is an int32 scalar: ``0`` (``STATUS_OK``), ``1`` (``STATUS_SINGULAR_PAIR``, a
-    GL(h) pair is numerically rank deficient at its dtype, so metric (15) is undefined there) or
-    ``2`` (``STATUS_NON_FINITE``, the loss or its gradient was NaN/inf at the base point or
-    during the search).  Called eagerly, :func:`adaptive_sharpness` and :func:`geodesic_sharpness`
-    raise :class:`GeometryError` instead of returning a bad status; under ``jax.jit`` they cannot
-    raise, so check ``result.status`` (or ``result.ok``) yourself.
-
-    References
+    Attributes
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. C.2 (sharpness averaged over batches).
-    Taught in chapters 6, *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic
-    sharpness of vision transformers*.
+    sharpness : jax.Array
+        The mean of ``per_batch``.
+    per_batch : jax.Array
+        Sharpness of every batch, shape ``(B,)``.
+    perturbation : pytree or None
+        The maximizing perturbation of each batch, stacked along a leading axis, when the call asked
+        for it (``return_perturbation=True``; at ViT-B/32 that is 88 M numbers per batch), else ``None``.
+    status : jax.Array
+        int32 scalar: ``0`` (``STATUS_OK``), ``1`` (``STATUS_SINGULAR_PAIR``, a GL(h) pair is numerically
+        rank deficient at its dtype, so metric (15) is undefined there) or ``2`` (``STATUS_NON_FINITE``,
+        the loss or its gradient was NaN/inf at the base point or during the search).  Called eagerly,
+        :func:`adaptive_sharpness` and :func:`geodesic_sharpness` raise :class:`GeometryError` instead;
+        under ``jax.jit`` they cannot raise, so check ``result.status`` (or ``result.ok``) yourself.
 
     Examples
     --------
@@ -294,6 +336,10 @@ class SharpnessResult(NamedTuple):
     ...                             n_iter=5, return_perturbation=True)
     >>> res.perturbation["w"].shape  # one maximizing perturbation per batch
     (2, 3)
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. C.2 (sharpness per batch, then averaged). Chapters 6 and 7.
     """
 
     sharpness: jax.Array
@@ -481,7 +527,8 @@ class _GLhPair(_Block):
     def riemannian(self, w: list, f: _PairFrame, parts: list, cache: Any, moved: list, grad: list) -> list:
         r"""The horizontal projection of the gradient in ``z`` of the loss at the moved sides, given its
         gradient ``grad`` there: with :math:`\xi = (g_G P^{1/2}, g_H Q^{1/2})`, :math:`X` solves
-        :math:`(PQ)X + X(PQ) = PH^\top\xi_H - \xi_G^\top GQ` and the result is
+        :math:`(PH^\top H)X + X(G^\top GQ) = PH^\top\xi_H - \xi_G^\top GQ` (:math:`(PQ)X + X(PQ)` for
+        :math:`\epsilon = 0`) and the result is
         :math:`(g_G + GX^\top P^{-1/2},\ g_H - HXQ^{-1/2})` (see :mod:`minigeo.quotient`)."""
         (zG, zH), (DG, DH), (cG, cH) = parts, grad, cache
         (KG, CsG, CcG), GtgG = _side_backward(f.Gn, zG, f.P_half, f.gram_G, cG, DG)
@@ -1021,38 +1068,49 @@ def adaptive_sharpness(
     return_perturbation: bool = False,
     n_restarts: int = N_RESTARTS,
 ) -> SharpnessResult:
-    r"""Adaptive sharpness: worst case by Auto-PGD, or the average case :math:`\mathbb E_{z\sim\mathcal N(0,\rho^2 I)}L(w + |w|\odot z) - L(w)`.
+    r"""Adaptive sharpness of ``loss_fn`` at ``params``: worst case by Auto-PGD, or the average case.
+
+    .. math::
+
+        S_{\max} = \max_{\lVert\delta/|w|\rVert_2 \le \rho} L(w + \delta) - L(w),\qquad
+        S_{\mathrm{avg}} = \mathbb E_{z\sim\mathcal N(0,\rho^2 I)}\,L(w + |w|\odot z) - L(w),
+
+    per batch, then averaged over batches.
 
     Parameters
     ----------
-    loss_fn
+    loss_fn : callable
         ``loss_fn(params, batch) -> scalar``.  Must be hashable (a module-level
         function or a fixed lambda), as it is a static argument of the compiled loop.
-    params
-        The weights :math:`w` (a pytree).
-    batches
-        A pytree whose leaves are stacked along a leading axis, one entry per batch;
-        the result is averaged over batches (Andriushchenko et al. 2023).
-    rho
+    params : pytree
+        The weights :math:`w`.
+    batches : pytree
+        Leaves stacked along a leading axis, one entry per batch; the result is averaged over batches.
+    rho : float
         Radius of the adaptive L2 ball :math:`\lVert\delta/|w|\rVert_2 \le \rho`.
-    key
+    key : jax.Array
         PRNG key (random start, average-case samples).
-    kind
+    kind : {"worst", "average"}, optional
         ``"worst"`` (Auto-PGD, ``n_iter`` iterations) or ``"average"`` (``n_samples`` Gaussian samples).
-    spec
-        Optional :class:`SymmetrySpec`: only its ``redundant`` leaves are used (held fixed, since
-        the function does not depend on them); its pairs are ignored, as adaptive sharpness treats
-        every leaf element-wise.
-    return_perturbation
+    n_iter : int, optional
+        Auto-PGD iterations per run (worst case).
+    n_samples : int, optional
+        Gaussian samples (average case).
+    momentum : float, optional
+        Auto-PGD momentum (Croce & Hein 2020).
+    spec : SymmetrySpec, optional
+        Only its ``redundant`` leaves are used (held fixed, since the function does not depend on
+        them); its pairs are ignored, as adaptive sharpness treats every leaf element-wise.
+    return_perturbation : bool, optional
         Keep the maximizing perturbation of every batch (a full copy of the weights per batch).
-    n_restarts
+    n_restarts : int, optional
         Worst case only: at most this many further Auto-PGD runs of ``n_iter`` iterations after the
         first, each from the antipode of the previous run's best point, keeping the best point of
         all; they stop once two runs in a row raised the best value by less than 0.1 % of the
         sharpness, so a call costs ``n_iter + 1`` loss gradients per run, for between
-        ``min(3, n_restarts + 1)`` and ``n_restarts + 1`` runs.  ``0`` is the single run of Croce & Hein (2020), as before this
-        option existed; the default reaches >= 0.999 of the exact maximum on chapter 6's diagonal
-        networks, where a single run of 20 iterations reaches 0.77 to 1.
+        ``min(3, n_restarts + 1)`` and ``n_restarts + 1`` runs.  ``0`` is the single run of Croce & Hein
+        (2020); the default reaches >= 0.999 of the exact maximum on chapter 6's diagonal networks,
+        where a single run of 20 iterations reaches 0.77 to 1.
 
     Returns
     -------
@@ -1065,13 +1123,6 @@ def adaptive_sharpness(
         Eagerly: rho not a positive finite scalar, non-finite params or batches, or a non-finite
         loss during the search.  Under ``jit`` the values cannot be checked: read ``result.status``.
 
-    References
-    ----------
-    Andriushchenko et al. (2023) (adaptive sharpness); the baseline of da Silva, Dangel & Oore
-    (2025), *Hide & Seek*, Sec. 5; Auto-PGD of Croce & Hein (2020). Taught in chapters 6,
-    *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic sharpness of vision
-    transformers*.
-
     Examples
     --------
     >>> import jax, jax.numpy as jnp
@@ -1080,6 +1131,11 @@ def adaptive_sharpness(
     >>> res = mg.adaptive_sharpness(loss, jnp.ones(3), jnp.array([[1.0, 2.0, 4.0]]), 0.1, key=jax.random.PRNGKey(0))
     >>> round(float(res.sharpness), 4)                               # closed form: rho^2 max(b) / 2
     0.02
+
+    References
+    ----------
+    Andriushchenko et al. (2023) (adaptive sharpness, Auto-PGD); da Silva, Dangel & Oore (2025),
+    *Hide & Seek*, eqs. (1) to (3), App. C.2. Chapters 6 and 7.
     """
     who = "adaptive_sharpness"
     if spec is not None:
@@ -1117,20 +1173,33 @@ def geodesic_sharpness(
     return_perturbation: bool = False,
     n_restarts: int = N_RESTARTS,
 ) -> SharpnessResult:
-    r"""Worst-case geodesic sharpness on the quotient by the spec's symmetries (da Silva et al. 2025, eq. 8, Algorithm 1).
+    r"""Worst-case geodesic sharpness on the quotient by the spec's symmetries.
 
-    Maximizes :math:`L(w + \xi - \tfrac12\Gamma(\xi,\xi)) - L(w)` over horizontal :math:`\xi` with
-    :math:`\lVert\xi\rVert_g \le \rho` (metric (15) on the GL(h) pairs of ``spec``, the adaptive
-    norm elsewhere) by Auto-PGD with Riemannian gradients and projection onto the
-    horizontal ball.  Invariant under :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` on every pair
-    (with ``spec.eps = 0``) and under element-wise rescalings elsewhere; the spec's redundant
-    leaves are not perturbed.
+    .. math:: S = \max_{\xi\ \mathrm{horizontal},\ \lVert\xi\rVert_g \le \rho} L\big(w + \xi - \tfrac12\Gamma(\xi,\xi)\big) - L(w),
 
-    The metric at the base point is factored once per call (thin SVDs of every pair's sides, at
-    ``"highest"`` matmul precision, shared by all batches); the search itself runs at the caller's
-    precision for the loss and ``"highest"`` for the geometry.  ``n_iter``, ``momentum``,
-    ``return_perturbation`` and ``n_restarts`` (antipodal restarts of the ascent) are as in
-    :func:`adaptive_sharpness`.
+    per batch, then averaged over batches: metric (15) on the GL(h) pairs of ``spec`` (exact
+    geodesics on its GL(1) pairs), the adaptive norm elsewhere; Auto-PGD with Riemannian gradients and
+    projection onto the horizontal ball.  Invariant under :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` on
+    every pair (with ``spec.eps = 0``) and under element-wise rescalings elsewhere; the spec's
+    redundant leaves are not perturbed.  The metric at the base point is factored once per call (thin
+    SVDs of every pair's sides at ``"highest"`` precision, shared by all batches).
+
+    Parameters
+    ----------
+    loss_fn : callable
+        ``loss_fn(params, batch) -> scalar``; hashable (a static argument of the compiled loop).
+    params : pytree
+        The weights :math:`w`.
+    batches : pytree
+        Leaves stacked along a leading axis, one entry per batch.
+    spec : SymmetrySpec
+        The symmetries, from :func:`symmetry_spec`.
+    rho : float
+        Radius of the geodesic ball.
+    key : jax.Array
+        PRNG key of the random (horizontal, equivariant) start.
+    n_iter, momentum, return_perturbation, n_restarts
+        As in :func:`adaptive_sharpness`.
 
     Returns
     -------
@@ -1145,12 +1214,6 @@ def geodesic_sharpness(
         positive finite scalar, non-finite params or batches, a non-finite loss.  Under ``jit``:
         no exception; read ``result.status``.
 
-    References
-    ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, eqs. (6) and (8); App. C.1 and C.2 (Algorithm 1).
-    Taught in chapters 6, *Quotient-manifold geodesic sharpness* and 7, *Capstone: geodesic
-    sharpness of vision transformers*.
-
     Examples
     --------
     >>> import jax, jax.numpy as jnp
@@ -1162,6 +1225,10 @@ def geodesic_sharpness(
     >>> res = mg.geodesic_sharpness(loss, params, T, spec, 0.05, key=jax.random.PRNGKey(0))
     >>> bool(res.sharpness > 0)
     True
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, eqs. (6) and (8); App. C.1, C.2 (Algorithm 1). Chapters 6 and 7.
     """
     who = "geodesic_sharpness"
     _check_spec(spec, params, who)
@@ -1182,19 +1249,34 @@ def _check_spec(spec: Any, params: PyTree, who: str) -> None:
 
 
 def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
-    r"""Kendall's rank correlation :math:`\tau` of two sequences (``scipy.stats.kendalltau``, tau-b).
+    r"""Kendall's rank correlation :math:`\tau_b` of two sequences (``scipy.stats.kendalltau``).
 
-    References
+    .. math:: \tau = \frac{2}{M(M-1)}\sum_{i<j}\operatorname{sign}(x_i - x_j)\operatorname{sign}(y_i - y_j)\quad\text{(without ties; } \tau_b \text{ corrects for ties)}
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5 (rank correlation of sharpness with the
-    generalization gap). Taught in chapters 6, *Quotient-manifold geodesic sharpness* and 7,
-    *Capstone: geodesic sharpness of vision transformers*.
+    x, y : sequence of float
+        Paired values, e.g. sharpness and generalization gap of :math:`M` models.
+
+    Returns
+    -------
+    float
+        :math:`\tau_b \in [-1, 1]`.
+
+    Raises
+    ------
+    GeometryError
+        If the lengths differ or are below 2.
 
     Examples
     --------
     >>> import minigeo as mg
     >>> round(mg.kendall_tau([1, 2, 3, 4], [10, 20, 40, 30]), 6)
     0.666667
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5 (Kendall's tau, first display). Chapters 6 and 7.
     """
     from scipy.stats import kendalltau
 

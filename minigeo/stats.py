@@ -46,16 +46,16 @@ class RankCorrelation(NamedTuple):
     confidence : float
         Level of the interval.
 
-    References
-    ----------
-    No formula from the source papers (da Silva, Dangel & Oore 2025 report Kendall's tau without
-    intervals); taught in chapters 6 and 7.
-
     Examples
     --------
     >>> import minigeo as mg
     >>> print(mg.kendall_tau_ci([1, 2, 3, 4, 5, 6], [1, 3, 2, 4, 6, 5], n_resamples=500))
     +0.73 [+0.11, +1.00] (95 % CI), p = 0.052, n = 6
+
+    References
+    ----------
+    No formula from the source papers (da Silva, Dangel & Oore 2025, Table 1, report Kendall's tau
+    without intervals). Chapters 6 and 7.
     """
 
     tau: float
@@ -162,11 +162,11 @@ def kendall_tau_ci(
     ----------
     x, y : array-like
         The two measurements of the same :math:`n \ge 4` models, finite, neither constant.
-    confidence : float
+    confidence : float, optional
         Level of the interval (default 0.95).
-    n_resamples : int
+    n_resamples : int, optional
         Bootstrap resamples and permutations (default 4000, at least 200).
-    seed : int
+    seed : int, optional
         Seed of NumPy's generator; the result is deterministic given it.
 
     Returns
@@ -189,7 +189,7 @@ def kendall_tau_ci(
     References
     ----------
     da Silva, Dangel & Oore (2025), Sec. 5 and Table 1 (Kendall's tau of sharpness against the
-    generalization gap; the interval and p-value are ours). Taught in chapters 6 and 7.
+    generalization gap; the interval and p-value are ours). Chapters 6 and 7.
     """
     _check_level(confidence, n_resamples)
     xs, ys = _as_sample(x, "x"), _as_sample(y, "y")
@@ -218,8 +218,9 @@ def kendall_tau_difference_ci(
     n_resamples: int = 4000,
     seed: int = 0,
 ) -> RankCorrelation:
-    r"""The difference :math:`\tau_b(a, y) - \tau_b(b, y)` of two measures' rank correlations with
-    the same target, with a paired-bootstrap interval.
+    r"""The difference of two measures' Kendall :math:`\tau_b` with the same target, with a paired-bootstrap interval.
+
+    .. math:: d = \tau_b(a, y) - \tau_b(b, y)
 
     Both taus are computed on the *same* resampled models, so the interval accounts for their
     correlation (two measures of the same models are far from independent, and comparing two
@@ -255,8 +256,8 @@ def kendall_tau_difference_ci(
 
     References
     ----------
-    da Silva, Dangel & Oore (2025), Table 1 compares the two measures' taus on the same models (the
-    paired interval is ours). Taught in chapters 6 and 7.
+    da Silva, Dangel & Oore (2025), Table 1 (two measures' taus on the same models; the paired
+    interval is ours). Chapters 6 and 7.
     """
     _check_level(confidence, n_resamples)
     av, bv, yv = _as_sample(a, "a"), _as_sample(b, "b"), _as_sample(y, "y")

@@ -61,10 +61,22 @@ def _check_label_range(labels: jax.Array, num_classes: int, where: str) -> None:
 
 
 def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
-    r"""Mean cross-entropy :math:`-\frac1B\sum_b \log\mathrm{softmax}(z_b)_{y_b}` for integer labels.
+    r"""Mean cross-entropy of logits against integer labels.
 
-    ``labels`` are integer class indices of the logits' batch shape, e.g. ``(n,)`` for logits
-    ``(n, C)``; a column ``(n, 1)`` is accepted and squeezed to ``(n,)``.
+    .. math:: L = -\frac1B\sum_{b=1}^B \log\mathrm{softmax}(z_b)_{y_b}
+
+    Parameters
+    ----------
+    logits : array
+        Logits of shape ``(..., C)``.
+    labels : array
+        Integer class indices of the logits' batch shape, e.g. ``(n,)`` for logits ``(n, C)``; a column
+        ``(n, 1)`` is accepted and squeezed to ``(n,)``.
+
+    Returns
+    -------
+    jax.Array
+        The scalar mean loss.
 
     Raises
     ------
@@ -74,17 +86,17 @@ def cross_entropy(logits: jax.Array, labels: jax.Array) -> jax.Array:
         cannot be checked: an out-of-range label then gives a NaN or a wrong loss, so call the loss
         once outside ``jit`` to validate a new data set.
 
-    References
-    ----------
-    Grosse (2022), CSC2541 lecture 3 *Metrics* (cross-entropy as a negative log-likelihood). Taught
-    in chapter 7, *Capstone: geodesic sharpness of vision transformers*.
-
     Examples
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo.models as mm
     >>> float(mm.cross_entropy(jnp.zeros((2, 4)), jnp.array([0, 3])))   # log 4
     1.386294...
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (the log-likelihood :math:`\log p(t\mid z)` of outputs
+    that parametrize a distribution). Chapter 7.
     """
     logits = jnp.asarray(logits)
     if logits.ndim < 1:
@@ -111,24 +123,38 @@ def _error_rate(
 def error_rate(
     apply_fn: Callable, params: PyTree, images: jax.Array, labels: jax.Array, batch_size: int = 512
 ) -> jax.Array:
-    """Fraction of misclassified examples, ``apply_fn(params, images)`` evaluated in chunks of ``batch_size``.
+    r"""Fraction of misclassified examples, with ``apply_fn(params, images)`` evaluated in chunks.
 
-    ``labels`` are integer class indices of shape ``(n,)`` (a column ``(n, 1)`` is squeezed), one
-    per image.  The evaluation is compiled (``jax.jit``, with ``apply_fn`` and ``batch_size``
-    static); the function may also be called inside ``jit``.
+    .. math:: \mathrm{err} = \frac1n\sum_{i=1}^n \big[\arg\max_c f(x_i)_c \ne y_i\big]
+
+    The evaluation is compiled (``jax.jit``, with ``apply_fn`` and ``batch_size`` static); the function
+    may also be called inside ``jit``.
+
+    Parameters
+    ----------
+    apply_fn : callable
+        ``apply_fn(params, images) -> logits (batch, C)``; hashable (a static argument).
+    params : pytree
+        The model's parameters.
+    images : array
+        Inputs with a leading batch axis ``n``.
+    labels : array
+        Integer class indices of shape ``(n,)`` (a column ``(n, 1)`` is squeezed).
+    batch_size : int, optional
+        Chunk size of the evaluation (the last chunk is padded).
+
+    Returns
+    -------
+    jax.Array
+        The error rate in ``[0, 1]``.
 
     Raises
     ------
     GeometryError
-        If the labels are not integers or not one per image, or (when their values are concrete,
-        i.e. not under ``jax.jit``) lie outside ``0 … C - 1`` for a model with ``C`` outputs.  Under
-        ``jit`` the values cannot be checked: an out-of-range label then silently counts as an error.
-
-    References
-    ----------
-    No formula from the source papers: the test/train error behind the generalization gap of da
-    Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5. Taught in chapter 7, *Capstone: geodesic
-    sharpness of vision transformers*.
+        If ``images`` has no batch axis, ``batch_size < 1``, the labels are not integers or not one per
+        image, or (when their values are concrete, i.e. not under ``jax.jit``) lie outside ``0 … C - 1``
+        for a model with ``C`` outputs.  Under ``jit`` the values cannot be checked: an out-of-range
+        label then silently counts as an error.
 
     Examples
     --------
@@ -137,6 +163,11 @@ def error_rate(
     >>> apply = lambda p, x: x @ p
     >>> float(mm.error_rate(apply, jnp.eye(2), jnp.array([[1.0, 0], [0, 1], [1, 0]]), jnp.array([0, 1, 1])))
     0.333333...
+
+    References
+    ----------
+    No formula from the source papers (the error behind the generalization gap of da Silva, Dangel &
+    Oore 2025, Sec. 5.3). Chapter 7.
     """
     images = jnp.asarray(images)
     if images.ndim < 1:
@@ -154,12 +185,21 @@ def error_rate(
 def make_train_step(
     loss_fn: Callable[[PyTree, Batch], jax.Array], optimizer: optax.GradientTransformation
 ) -> Callable:
-    """A jitted step ``(params, opt_state, batch) -> (params, opt_state, loss)`` of ``optimizer`` on ``loss_fn``.
+    r"""A jitted optimizer step on ``loss_fn``: ``(params, opt_state, batch) -> (params, opt_state, loss)``.
 
-    References
+    .. math:: (g, s') = \mathrm{update}\big(\nabla_w L(w; \text{batch}), s, w\big),\qquad w' = w + g
+
+    Parameters
     ----------
-    No formula from the source papers: an optax training step. Taught in chapter 7, *Capstone:
-    geodesic sharpness of vision transformers*.
+    loss_fn : callable
+        ``loss_fn(params, batch) -> scalar``.
+    optimizer : optax.GradientTransformation
+        The optimizer (its ``update`` gives the step :math:`g`).
+
+    Returns
+    -------
+    callable
+        The jitted step; ``loss`` is the loss before the update.
 
     Examples
     --------
@@ -169,6 +209,10 @@ def make_train_step(
     >>> w, state, loss = step(jnp.zeros(2), optax.sgd(0.25).init(jnp.zeros(2)), jnp.ones(2))
     >>> w, float(loss)
     (Array([0.5, 0.5], dtype=float32), 2.0)
+
+    References
+    ----------
+    No formula from the source papers (an optax training step). Chapter 7.
     """
 
     @jax.jit
@@ -196,14 +240,39 @@ def train_epochs(
     r"""Run ``epochs`` epochs of minibatch training, compiled as one ``lax.scan``.
 
     Each epoch shuffles ``data = (inputs, labels)`` with a fresh key and takes
-    ``len(inputs) // batch_size`` steps (the remainder is dropped); ``augment(key, inputs)``,
-    if given, transforms each minibatch's inputs.  Returns the final parameters and optimizer
-    state and the mean training loss of every epoch.
+    ``len(inputs) // batch_size`` steps of :func:`make_train_step` (the remainder is dropped).
 
-    References
+    Parameters
     ----------
-    No formula from the source papers: an optax training loop compiled as one scan. Taught in
-    chapter 7, *Capstone: geodesic sharpness of vision transformers*.
+    key : jax.Array
+        PRNG key (shuffling and augmentation).
+    params : pytree
+        Initial parameters.
+    opt_state : pytree
+        Initial optimizer state, ``optimizer.init(params)``.
+    data : tuple of arrays
+        ``(inputs, labels)`` with a common leading axis.
+    loss_fn : callable
+        ``loss_fn(params, (x, y)) -> scalar``; hashable (a static argument).
+    optimizer : optax.GradientTransformation
+        The optimizer (static).
+    epochs : int
+        Number of epochs (static).
+    batch_size : int
+        Minibatch size (static).
+    augment : callable, optional
+        ``augment(key, inputs) -> inputs``, applied to each minibatch's inputs.
+
+    Returns
+    -------
+    tuple
+        The final parameters, the final optimizer state, and the mean training loss of every epoch
+        (shape ``(epochs,)``).
+
+    Raises
+    ------
+    GeometryError
+        If ``batch_size`` exceeds the number of examples.
 
     Examples
     --------
@@ -216,6 +285,10 @@ def train_epochs(
     ...                                loss_fn=loss, optimizer=opt, epochs=20, batch_size=8)
     >>> round(float(w[0]), 3), bool(losses[-1] < 1e-4)
     (3.0, True)
+
+    References
+    ----------
+    No formula from the source papers (an optax training loop compiled as one scan). Chapter 7.
     """
     inputs, labels = data
     n = inputs.shape[0]
