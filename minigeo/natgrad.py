@@ -62,23 +62,34 @@ def gram_matrix(
     *,
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
 ) -> jax.Array:
-    r"""Gram matrix :math:`G_{ij}(\xi) = g_{\phi(\xi)}(\partial_i\phi, \partial_j\phi) = (J^\top g\,J)_{ij}` (van Oostrum et al. 2023, Sec. 2).
+    r"""The Gram matrix of the coordinate vectors of a parametrization :math:`\phi`.
+
+    .. math:: G_{ij}(\xi) = g_{\phi(\xi)}\big(\partial_i(\xi), \partial_j(\xi)\big) = (J^\top g\,J)_{ij},
+        \qquad \partial_i(\xi) = d\phi_\xi(e_i),\quad J = d\phi_\xi.
 
     Parameters
     ----------
-    param_map
+    param_map : callable
         The parametrization :math:`\phi`, mapping a parameter pytree to a point of
         :math:`\mathcal Z` (array or pytree, flattened for the metric).
-    metric_fn
+    metric_fn : callable, :class:`~minigeo.Metric` or None
         ``z -> g(z)``, the dense metric on :math:`\mathcal Z` at ``z``, or a
         :class:`~minigeo.Metric` on :math:`\mathcal Z`; ``None`` for the Euclidean metric.
-    xi
+    xi : pytree
         The parameters.
+    max_size : int, optional
+        Largest number of parameter coordinates for which the dense Jacobian is built.
 
-    References
-    ----------
-    van Oostrum, Müller & Ay (2023), Sec. 2 (Gram matrix of the parametrization). Taught in chapter
-    3, *Natural gradient in overparametrized systems*.
+    Returns
+    -------
+    jax.Array
+        The ``(d, d)`` Gram matrix over the flattened parameter coordinates.
+
+    Raises
+    ------
+    GeometryError
+        If the parameters exceed ``max_size``, the Jacobian is not finite, or the metric on
+        :math:`\mathcal Z` is not a square symmetric positive-definite matrix of matching size.
 
     Examples
     --------
@@ -87,6 +98,10 @@ def gram_matrix(
     >>> phi = lambda xi: jnp.array([jnp.sin(2 * xi[0]), jnp.sin(xi[0])])  # van Oostrum et al. 2023, App. A.2
     >>> mg.gram_matrix(phi, None, jnp.array([0.0]))
     Array([[5.]], dtype=float32)
+
+    References
+    ----------
+    van Oostrum, Müller & Ay (2023), Sec. 2 (Gram matrix :math:`G(\xi)`). Chapter 3.
     """
     J = _flat_jacobian(param_map, xi, max_size)
     check_finite(J, "The Jacobian of the parametrization")
@@ -102,14 +117,25 @@ def gram_matrix(
 def moore_penrose_inverse(matrix: jax.Array, rcond: float | None = None) -> jax.Array:
     r"""The Moore-Penrose inverse :math:`A^+` of a symmetric matrix (``jnp.linalg.pinv``, Hermitian path).
 
-    Singular values below ``rcond`` times the largest are treated as zero (default:
-    ``10 * n * eps``).  :math:`A^+` satisfies :math:`AA^+A = A`, :math:`A^+AA^+ = A^+`,
-    and :math:`AA^+`, :math:`A^+A` are symmetric.
+    .. math:: AA^+A = A,\qquad A^+AA^+ = A^+,\qquad (AA^+)^\top = AA^+,\qquad (A^+A)^\top = A^+A.
 
-    References
+    Parameters
     ----------
-    van Oostrum, Müller & Ay (2023), Sec. 2 (the Moore-Penrose inverse of a singular Gram matrix).
-    Taught in chapter 3, *Natural gradient in overparametrized systems*.
+    matrix : array
+        A symmetric ``(n, n)`` matrix, e.g. a singular Gram matrix.
+    rcond : float, optional
+        Singular values below ``rcond`` times the largest are treated as zero (default:
+        ``10 * n * eps`` of the dtype).
+
+    Returns
+    -------
+    jax.Array
+        :math:`A^+`, of shape ``(n, n)``.
+
+    Raises
+    ------
+    GeometryError
+        If ``matrix`` is not square or not finite.
 
     Examples
     --------
@@ -118,6 +144,10 @@ def moore_penrose_inverse(matrix: jax.Array, rcond: float | None = None) -> jax.
     >>> mg.moore_penrose_inverse(jnp.array([[1.0, 1.0], [1.0, 1.0]])).round(4)
     Array([[0.25, 0.25],
            [0.25, 0.25]], dtype=float32)
+
+    References
+    ----------
+    van Oostrum, Müller & Ay (2023), Sec. 2, Def. 2 (generalised inverse) and the MP inverse. Chapter 3.
     """
     check_square_matrix(matrix, None, "the Gram matrix")
     check_finite(matrix, "the Gram matrix")
@@ -127,17 +157,32 @@ def moore_penrose_inverse(matrix: jax.Array, rcond: float | None = None) -> jax.
 
 
 def natural_parameter_gradient(gram: jax.Array, grad: PyTree, rcond: float | None = None) -> PyTree:
-    r"""The natural parameter gradient :math:`G^+\nabla_\xi L` with the Moore-Penrose inverse (van Oostrum et al. 2023, Def. 3, eq. 7).
+    r"""The natural parameter gradient with the Moore-Penrose inverse of the Gram matrix.
 
-    ``grad`` may be a pytree; ``gram`` is over its flattened coordinates.  Among
-    all :math:`y` with :math:`Gy = \nabla L` (when one exists) it is the one of
-    smallest Euclidean norm, which is why it depends on the parametrization even
-    though its pushforward does not (van Oostrum et al. 2023, Sec. 3.2).
+    .. math:: \tilde\nabla_\xi L = G^+(\xi)\,\nabla_\xi L.
 
-    References
+    Among all :math:`y` with :math:`Gy = \nabla L` (when one exists) it is the one of smallest
+    Euclidean norm, which is why it depends on the parametrization even though its pushforward
+    does not (van Oostrum et al. 2023, Sec. 3.2).
+
+    Parameters
     ----------
-    van Oostrum, Müller & Ay (2023), Def. and eq. (7). Taught in chapter 3, *Natural gradient in
-    overparametrized systems*.
+    gram : array
+        The ``(d, d)`` Gram matrix over the flattened coordinates of ``grad``.
+    grad : pytree
+        The Euclidean gradient :math:`\nabla_\xi L` (any pytree with ``d`` entries in all).
+    rcond : float, optional
+        Cut-off of :func:`~minigeo.moore_penrose_inverse`.
+
+    Returns
+    -------
+    pytree
+        :math:`G^+\nabla_\xi L`, with the structure of ``grad``.
+
+    Raises
+    ------
+    GeometryError
+        If ``gram`` is not a square matrix matching ``grad``, or either is not finite.
 
     Examples
     --------
@@ -146,6 +191,10 @@ def natural_parameter_gradient(gram: jax.Array, grad: PyTree, rcond: float | Non
     >>> G = jnp.array([[1.0, 1.0], [1.0, 1.0]])             # van Oostrum et al. 2023, App. A.3
     >>> mg.natural_parameter_gradient(G, jnp.array([6.0, 6.0])).round(4)
     Array([3., 3.], dtype=float32)
+
+    References
+    ----------
+    van Oostrum, Müller & Ay (2023), Def. 3, eq. (7). Chapter 3.
     """
     flat_grad, unravel = ravel(grad)
     check_square_matrix(gram, flat_grad.size, "the Gram matrix")
@@ -156,15 +205,29 @@ def natural_parameter_gradient(gram: jax.Array, grad: PyTree, rcond: float | Non
 def span_projection(tangents: jax.Array, metric: jax.Array | None, v: jax.Array) -> jax.Array:
     r"""The :math:`g`-orthogonal projection of ``v`` onto the span of the columns of ``tangents``.
 
-    :math:`\Pi v = T\,(T^\top g\,T)^+\,T^\top g\,v`.  With ``tangents`` the
-    Jacobian :math:`J` of a parametrization (columns :math:`\partial_i`) and ``v`` the
-    ambient gradient :math:`g^{-1}dL`, this is the right-hand side of van Oostrum et al.'s (2023)
-    Theorem 1.  ``metric=None`` means Euclidean.
+    .. math:: \Pi v = T\,(T^\top g\,T)^+\,T^\top g\,v.
 
-    References
+    With ``tangents`` the Jacobian :math:`J` of a parametrization (columns :math:`\partial_i`) and
+    ``v`` the ambient gradient :math:`g^{-1}dL`, this is the right-hand side of Theorem 1, eq. (8).
+
+    Parameters
     ----------
-    van Oostrum, Müller & Ay (2023), Theorem 1 (the pushforward is the projection of the natural
-    gradient). Taught in chapter 3, *Natural gradient in overparametrized systems*.
+    tangents : array
+        The ``(m, d)`` matrix :math:`T` whose columns span the subspace.
+    metric : array or None
+        The ``(m, m)`` metric :math:`g`; ``None`` means Euclidean.
+    v : array
+        The ``(m,)`` vector to project.
+
+    Returns
+    -------
+    jax.Array
+        :math:`\Pi v`, of shape ``(m,)``.
+
+    Raises
+    ------
+    GeometryError
+        If the shapes do not match or the Gram matrix :math:`T^\top g\,T` is not finite.
 
     Examples
     --------
@@ -172,6 +235,10 @@ def span_projection(tangents: jax.Array, metric: jax.Array | None, v: jax.Array)
     >>> import minigeo as mg
     >>> mg.span_projection(jnp.array([[1.0], [0.0]]), None, jnp.array([3.0, 4.0]))
     Array([3., 0.], dtype=float32)
+
+    References
+    ----------
+    van Oostrum, Müller & Ay (2023), Theorem 1, eq. (8) (pushforward = projection). Chapter 3.
     """
     tangents = jnp.asarray(tangents)
     v = jnp.asarray(v)
@@ -199,35 +266,46 @@ def natural_gradient(
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
     return_info: bool = False,
 ) -> PyTree | tuple[PyTree, SolveInfo]:
-    r"""The (damped) natural gradient :math:`(G(\theta) + \lambda I)^{-1}\nabla L` for a :class:`~minigeo.Metric`.
+    r"""The (damped) natural gradient for a :class:`~minigeo.Metric`.
+
+    .. math:: \tilde\nabla L = (G(\theta) + \lambda I)^{-1}\nabla L(\theta).
 
     Parameters
     ----------
-    metric
+    metric : :class:`~minigeo.Metric`
         The metric, e.g. ``mg.ggn(model, loss)`` or ``mg.fisher(model)``.
-    params, grad
+    params, grad : pytree
         The point and the gradient (pytrees of the same structure).
-    damping
+    damping : float or array, optional
         :math:`\lambda \ge 0`, **added** to the metric's own operator: the solve uses
         ``metric.mv + λ I``, i.e. :math:`G + (\mu + \lambda) I` for a metric made with
         ``with_damping(μ)``.  So for an undamped ``G``, ``natural_gradient(G, p, g, damping=λ)``
         equals ``G.with_damping(λ).solve(p, g)``.  A Python number, NumPy scalar, 0-d
         array or a traced value (e.g. a ``jit`` argument); negative or NaN values raise
         :class:`~minigeo.GeometryError` when concrete.
-    solver
+    solver : {"cg", "dense", "pinv"}, optional
         ``"cg"``: matrix-free conjugate gradients, for network-sized pytrees;
         ``"dense"``: Cholesky on the dense matrix; ``"pinv"``: the Moore-Penrose
         natural parameter gradient :math:`(G + \lambda I)^+\nabla L` (dense, for
         singular metrics without damping).
-    tol, maxiter
-        CG relative tolerance and iteration limit.
-    rcond
+    tol : float, optional
+        CG relative tolerance.
+    maxiter : int, optional
+        CG iteration limit.
+    rcond : float, optional
         Cut-off for ``"pinv"``.
-    return_info
+    max_size : int, optional
+        Largest number of parameters for the dense solvers.
+    return_info : bool, optional
         If ``True``, return ``(direction, info)`` with a ``SolveInfo`` named tuple
         (``converged``, ``status``, ``iterations``, ``residual``, ``curvature``; see
         :meth:`~minigeo.Metric.solve`): the way to check a CG solve under ``jit``.  The
         dense solvers report ``converged=True``.
+
+    Returns
+    -------
+    pytree or tuple
+        The direction, with the structure of ``params``; ``(direction, info)`` if ``return_info``.
 
     Raises
     ------
@@ -237,12 +315,8 @@ def natural_gradient(
         or the dense matrix is not positive definite: the message suggests damping or
         ``solver="pinv"``; also for non-finite parameters or gradients.  Under ``jit``
         nothing can be raised: check ``info.converged`` (``return_info=True``); a metric
-        found not positive definite gives a NaN direction.
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (preconditioned gradient flow); Amari (1998). Taught
-    in chapter 3, *Natural gradient in overparametrized systems*.
+        found not positive definite gives a NaN direction.  Also if ``metric`` is not a
+        :class:`~minigeo.Metric`, ``solver`` is unknown, or a dense solve exceeds ``max_size``.
 
     Examples
     --------
@@ -252,6 +326,10 @@ def natural_gradient(
     >>> G = mg.ggn(lambda w: X @ w, lambda z: 0.5 * jnp.sum(z**2))   # G = X^T X
     >>> mg.natural_gradient(G, jnp.zeros(2), jnp.array([1.0, 4.0]), solver="dense")
     Array([1., 1.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (the flow :math:`\dot\theta = -G^{-1}\nabla L`); Amari (1998). Chapter 3.
     """
     if not isinstance(metric, Metric):
         raise GeometryError(
@@ -302,7 +380,9 @@ def precondition_by_metric(
     tol: float = 1e-6,
     maxiter: int | None = None,
 ) -> Any:
-    r"""An optax gradient transformation :math:`g \mapsto (G(\theta) + \lambda I)^{-1} g`.
+    r"""An optax gradient transformation that preconditions updates by the (damped) metric.
+
+    .. math:: g \mapsto (G(\theta) + \lambda I)^{-1} g.
 
     Chain it with a learning rate to get natural-gradient descent:
     ``optax.chain(mg.precondition_by_metric(G, 1e-3), optax.sgd(0.1))``.
@@ -312,11 +392,28 @@ def precondition_by_metric(
     solve that reaches ``maxiter`` gives its last iterate: check a step eagerly
     once, or call :func:`natural_gradient` with ``return_info=True``.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (equivariant preconditioned gradient descent).
-    Taught in chapters 3, *Natural gradient in overparametrized systems* and 4, *Invariant
-    Hessians*.
+    metric : :class:`~minigeo.Metric`
+        The metric :math:`G`.
+    damping : float or array, optional
+        :math:`\lambda \ge 0`, added to the metric's own damping.
+    solver : {"cg", "dense", "pinv"}, optional
+        As in :func:`~minigeo.natural_gradient`.
+    tol : float, optional
+        CG relative tolerance.
+    maxiter : int, optional
+        CG iteration limit.
+
+    Returns
+    -------
+    optax.GradientTransformation
+        ``init(params)`` and ``update(updates, state, params)``; the state is empty.
+
+    Raises
+    ------
+    GeometryError
+        From ``update``: if ``params`` is missing, or as :func:`~minigeo.natural_gradient` raises.
 
     Examples
     --------
@@ -327,6 +424,10 @@ def precondition_by_metric(
     >>> updates, _ = opt.update(jnp.array([2.0, 4.0]), opt.init(jnp.zeros(2)), jnp.zeros(2))
     >>> updates.round(4)
     Array([1., 1.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (equivariant preconditioned gradient descent). Chapters 3 and 4.
     """
     import optax  # optional dependency, imported only when used
 
