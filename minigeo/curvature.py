@@ -57,16 +57,32 @@ MetricFn = Union[None, Metric, Callable[[jax.Array], jax.Array]]
 
 
 def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
-    r"""Hessian-vector product :math:`\nabla^2 f(\theta)\,v` by forward-over-reverse autodiff.
+    r"""Hessian-vector product by forward-over-reverse autodiff.
+
+    .. math:: v \mapsto \nabla^2 f(\theta)\,v = \tfrac{d}{dt}\nabla f(\theta + t v)\big|_{t=0}.
 
     Costs about two gradients; works on pytrees and under ``jit``/``vmap``.  An eager call is
     compiled once per ``f`` and input shapes and reused (recompiled if a variable ``f`` reads is
     rebound; see :class:`~minigeo.Metric`, *Compilation*).
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian, used matrix-free). Taught in chapter
-    4, *Invariant Hessians*.
+    f : callable
+        The scalar function (loss) of a parameter pytree.
+    params : pytree
+        The point :math:`\theta`.
+    v : pytree
+        The vector, with the structure of ``params``.
+
+    Returns
+    -------
+    pytree
+        :math:`\nabla^2 f(\theta)\,v`, with the structure of ``params``.
+
+    Raises
+    ------
+    GeometryError
+        If ``v`` does not have the structure of ``params``.
 
     Examples
     --------
@@ -74,6 +90,10 @@ def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
     >>> import minigeo as mg
     >>> mg.hvp(lambda x: x[0] ** 2 * x[1], jnp.array([1.0, 2.0]), jnp.array([1.0, 0.0]))
     Array([4., 2.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian, here used matrix-free). Chapter 4.
     """
     check_same_structure(params, v, "the vector v", "params")
     return _compiled_hvp(f, params, v)
@@ -89,15 +109,28 @@ _compiled_hvp = jit_per_callable(_hvp)
 def hessian(
     f: Callable[[PyTree], jax.Array], params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE
 ) -> jax.Array:
-    r"""Dense Hessian :math:`\partial_i\partial_j f` over the flattened parameters (small models only).
+    r"""The dense Hessian over the flattened parameters (small models only).
 
-    Raises :class:`~minigeo.GeometryError` above ``max_size`` parameters or if the
-    Hessian is not finite.
+    .. math:: H_{ij} = \frac{\partial^2 f}{\partial\theta_i\,\partial\theta_j}(\theta).
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian as a bilinear form). Taught in chapter
-    4, *Invariant Hessians*.
+    f : callable
+        The scalar function (loss) of a parameter pytree.
+    params : pytree
+        The point :math:`\theta`.
+    max_size : int, optional
+        Largest number of parameters for which the dense matrix is built.
+
+    Returns
+    -------
+    jax.Array
+        The ``(d, d)`` Hessian, ``d`` the number of parameters.
+
+    Raises
+    ------
+    GeometryError
+        Above ``max_size`` parameters, or if the Hessian is not finite.
 
     Examples
     --------
@@ -106,6 +139,10 @@ def hessian(
     >>> mg.hessian(lambda x: x[0] ** 2 * x[1], jnp.array([1.0, 2.0]))
     Array([[4., 2.],
            [2., 0.]], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian as a bilinear form). Chapter 4.
     """
     flat, unravel = ravel(params)
     check_dense_size(flat.size, max_size, "The Hessian")
@@ -133,16 +170,29 @@ def _check_coords(x: jax.Array, who: str) -> None:
 
 
 def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
-    r"""Christoffel symbols of the Levi-Civita connection, indexed ``[k, i, j]`` = :math:`\Gamma^k_{ij}`.
+    r"""Christoffel symbols of the Levi-Civita connection of a metric field, indexed ``[k, i, j]``.
 
-    :math:`\Gamma^k_{ij} = \tfrac12 G^{kl}(\partial_i G_{lj} + \partial_j G_{li} - \partial_l G_{ij})`,
-    with the derivatives of the metric by autodiff and :math:`G^{-1}` applied by a
-    Cholesky solve.
+    .. math:: \Gamma^k_{ij} = \tfrac12 G^{kl}\big(\partial_i G_{lj} + \partial_j G_{li} - \partial_l G_{ij}\big),
 
-    References
+    with the derivatives of the metric by autodiff and :math:`G^{-1}` applied by a Cholesky solve.
+
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), eq. (5); Kristiadi (2023), *The Invariance of the Hessian*
-    (blog post). Taught in chapter 4, *Invariant Hessians*.
+    metric_fn : callable or :class:`~minigeo.Metric`
+        ``x -> G(x)``, the dense ``(d, d)`` metric at the coordinates ``x``.
+    x : array
+        The 1-D coordinates, of shape ``(d,)``.
+
+    Returns
+    -------
+    jax.Array
+        ``Gamma[k, i, j]`` :math:`= \Gamma^k_{ij}`, of shape ``(d, d, d)``.
+
+    Raises
+    ------
+    GeometryError
+        If ``x`` is not 1-D, the metric is not a ``(d, d)`` symmetric positive-definite matrix, or
+        the symbols are not finite.
 
     Examples
     --------
@@ -152,6 +202,11 @@ def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Arra
     >>> Gamma = mg.christoffel_symbols(polar, jnp.array([2.0, 0.3]))
     >>> float(Gamma[0, 1, 1]), float(Gamma[1, 0, 1])              # -r and 1/r
     (-2.0, 0.5)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), eq. (5) (where :math:`\Gamma^k_{ij}` enter); Kristiadi (2023),
+    *The Invariance of the Hessian* (blog post). Chapter 4.
     """
     _check_coords(x, "christoffel_symbols")
     metric_fn = matrix_field(metric_fn)
@@ -167,16 +222,32 @@ def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Arra
 
 
 def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn, x: jax.Array) -> jax.Array:
-    r"""The Riemannian Hessian as a bilinear form, :math:`H_{ij} = \partial_i\partial_j f - \Gamma^k_{ij}\,\partial_k f` (Kristiadi et al. 2023, eq. 5).
+    r"""The Riemannian Hessian of ``f`` as a bilinear form in the coordinates ``x``.
+
+    .. math:: H_{ij} = \partial_i\partial_j f - \Gamma^k_{ij}\,\partial_k f.
 
     It transforms exactly like a metric, :math:`J^{-\top}HJ^{-1}`, at every point,
-    not only at critical points.  ``metric_fn=None`` is the Euclidean metric of
-    these coordinates (no Christoffel term).
+    not only at critical points.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), eq. (5); Kristiadi (2023), *The Invariance of the Hessian*
-    (blog post). Taught in chapter 4, *Invariant Hessians*.
+    f : callable
+        The scalar function of the 1-D coordinates.
+    metric_fn : callable, :class:`~minigeo.Metric` or None
+        ``x -> G(x)``; ``None`` is the Euclidean metric of these coordinates (no Christoffel term).
+    x : array
+        The 1-D coordinates, of shape ``(d,)``.
+
+    Returns
+    -------
+    jax.Array
+        The ``(d, d)`` matrix :math:`H`.
+
+    Raises
+    ------
+    GeometryError
+        If ``x`` is not 1-D, the metric is invalid (see :func:`~minigeo.christoffel_symbols`), or
+        the Hessian is not finite.
 
     Examples
     --------
@@ -186,6 +257,11 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn,
     >>> H = mg.riemannian_hessian(f, lambda p: jnp.diag(jnp.array([1.0, p[0] ** 2])), jnp.array([2.0, 0.3]))
     >>> bool(jnp.allclose(H, 0.0, atol=1e-6))         # x is linear: its Riemannian Hessian vanishes
     True
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (5); Kristiadi (2023), *The Invariance of the
+    Hessian* (blog post). Chapter 4.
     """
     _check_coords(x, "riemannian_hessian")
     H = hessian(f, x)
@@ -196,7 +272,9 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn,
 
 
 def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn, x: jax.Array) -> jax.Array:
-    r"""The Hessian endomorphism (shape operator) :math:`E = G^{-1}H` with the Riemannian Hessian :math:`H` (Kristiadi et al. 2023, Sec. 3.1).
+    r"""The Hessian endomorphism (shape operator) built from the Riemannian Hessian :math:`H`.
+
+    .. math:: E = G^{-1}H.
 
     Transforms as :math:`J E J^{-1}`; its trace, determinant and eigenvalues are
     invariant.  Computed by a Cholesky solve, never an explicit inverse.  For its
@@ -204,10 +282,24 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricF
     and :func:`endomorphism_slogdet` on ``(H, G)``, which use the symmetric
     generalized eigenproblem.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A; Kristiadi (2023), *The Invariance of the
-    Hessian* (blog post). Taught in chapter 4, *Invariant Hessians*.
+    f : callable
+        The scalar function of the 1-D coordinates.
+    metric_fn : callable, :class:`~minigeo.Metric` or None
+        ``x -> G(x)``; ``None`` is the Euclidean metric (then :math:`E = H`).
+    x : array
+        The 1-D coordinates, of shape ``(d,)``.
+
+    Returns
+    -------
+    jax.Array
+        The ``(d, d)`` matrix :math:`E` (not symmetric in general).
+
+    Raises
+    ------
+    GeometryError
+        As :func:`~minigeo.riemannian_hessian`.
 
     Examples
     --------
@@ -217,6 +309,11 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricF
     >>> E.round(4)
     Array([[1., 0.],
            [0., 3.]], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (6), and App. A; Kristiadi (2023), *The
+    Invariance of the Hessian* (blog post). Chapter 4.
     """
     H = riemannian_hessian(f, metric_fn, x)
     G = _metric_at(matrix_field(metric_fn), x)
@@ -239,10 +336,22 @@ def endomorphism_eigenvalues(H: jax.Array, G: jax.Array) -> jax.Array:
     With :math:`G = LL^\top`, they are the eigenvalues of the symmetric
     :math:`L^{-1}HL^{-\top}`: real, and computed stably.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (invariant eigenvalues of G^-1 H). Taught in chapter
-    4, *Invariant Hessians*.
+    H : array
+        The symmetric ``(d, d)`` (Riemannian) Hessian.
+    G : array
+        The symmetric positive-definite ``(d, d)`` metric.
+
+    Returns
+    -------
+    jax.Array
+        The ``d`` eigenvalues, ascending.
+
+    Raises
+    ------
+    GeometryError
+        If the shapes do not match, ``H`` is not finite, or ``G`` is not symmetric positive definite.
 
     Examples
     --------
@@ -250,17 +359,35 @@ def endomorphism_eigenvalues(H: jax.Array, G: jax.Array) -> jax.Array:
     >>> import minigeo as mg
     >>> mg.endomorphism_eigenvalues(jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0])))
     Array([2., 3.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A.3 (invariant eigenvalues of :math:`G^{-1}H`). Chapter 4.
     """
     return jnp.linalg.eigvalsh(_whitened(H, G)[0])
 
 
 def endomorphism_trace(H: jax.Array, G: jax.Array) -> jax.Array:
-    r"""The invariant trace :math:`\mathrm{tr}(G^{-1}H)` (the Riemannian trace, Kristiadi et al. 2023 eq. 18).
+    r"""The invariant (Riemannian) trace of the Hessian endomorphism.
 
-    References
+    .. math:: \mathrm{tr}(G^{-1}H) = \mathrm{tr}(L^{-1}HL^{-\top}),\qquad G = LL^\top.
+
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and eq. (18) (Riemannian trace). Taught in chapter
-    4, *Invariant Hessians*.
+    H : array
+        The symmetric ``(d, d)`` (Riemannian) Hessian.
+    G : array
+        The symmetric positive-definite ``(d, d)`` metric.
+
+    Returns
+    -------
+    jax.Array
+        The scalar trace.
+
+    Raises
+    ------
+    GeometryError
+        If the shapes do not match, ``H`` is not finite, or ``G`` is not symmetric positive definite.
 
     Examples
     --------
@@ -268,17 +395,36 @@ def endomorphism_trace(H: jax.Array, G: jax.Array) -> jax.Array:
     >>> import minigeo as mg
     >>> mg.endomorphism_trace(jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0])))
     Array(5., dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A.2, eq. (18) (Riemannian trace). Chapter 4.
     """
     return jnp.trace(_whitened(H, G)[0])
 
 
 def endomorphism_slogdet(H: jax.Array, G: jax.Array) -> tuple[jax.Array, jax.Array]:
-    r"""Sign and log-absolute-determinant of :math:`G^{-1}H`: :math:`\log|\det H| - \log\det G`.
+    r"""Sign and log-absolute-determinant of the Hessian endomorphism :math:`G^{-1}H`.
 
-    References
+    .. math:: \operatorname{sign}\det(G^{-1}H) = \operatorname{sign}\det H,\qquad
+        \log|\det(G^{-1}H)| = \log|\det H| - \log\det G.
+
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (invariant determinant of G^-1 H). Taught in chapter
-    4, *Invariant Hessians*.
+    H : array
+        The symmetric ``(d, d)`` (Riemannian) Hessian.
+    G : array
+        The symmetric positive-definite ``(d, d)`` metric.
+
+    Returns
+    -------
+    tuple of two jax.Array
+        ``(sign, logabsdet)``.
+
+    Raises
+    ------
+    GeometryError
+        If the shapes do not match, ``H`` is not finite, or ``G`` is not symmetric positive definite.
 
     Examples
     --------
@@ -287,6 +433,10 @@ def endomorphism_slogdet(H: jax.Array, G: jax.Array) -> tuple[jax.Array, jax.Arr
     >>> sign, logdet = mg.endomorphism_slogdet(jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0])))
     >>> float(sign), round(float(jnp.exp(logdet)), 4)
     (1.0, 6.0)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (7) (invariant determinant of :math:`G^{-1}H`). Chapter 4.
     """
     A, L = _whitened(H, G)
     sign, logdet_h = jnp.linalg.slogdet(H)
@@ -390,32 +540,41 @@ def trace_estimate(
 ) -> tuple[jax.Array, jax.Array]:
     r"""Hutchinson estimate of the invariant trace :math:`\mathrm{tr}(G^{-1}H)` at ``params``.
 
-    :math:`\mathrm{tr}(G^{-1}H) = \mathbb E_z[(G^{-1}z)^\top H z]` for Rademacher probes
-    :math:`z`; each probe costs one Hessian-vector product and, for a
+    .. math:: \mathrm{tr}(G^{-1}H) = \mathbb E_z\big[(G^{-1}z)^\top H z\big]
+
+    for Rademacher probes :math:`z`; each probe costs one Hessian-vector product and, for a
     :class:`~minigeo.Metric`, one conjugate-gradient solve.
 
     Parameters
     ----------
-    f, params
-        The loss and the point (a pytree).
-    key
+    f : callable
+        The scalar loss of a parameter pytree.
+    params : pytree
+        The point.
+    key : jax.Array
         PRNG key: the estimate is reproducible given the key.
-    metric
+    metric : None, pytree or :class:`~minigeo.Metric`, optional
         ``None`` (Euclidean: :math:`\mathrm{tr}\,H`), a positive pytree like ``params``
         (a diagonal metric, e.g. Adam's second-moment estimate), or a Metric.
-    num_probes
+    num_probes : int, optional
         Number of probes; the standard error falls like :math:`1/\sqrt{\text{probes}}`.
-    batched
+    batched : {"vmap", "map"}, optional
         ``"vmap"`` (probes vectorised) or ``"map"`` (``lax.map``, less memory).
+    tol : float, optional
+        Relative tolerance of the conjugate-gradient solves with a Metric.
+    maxiter : int, optional
+        Iteration cap of those solves.
 
     Returns
     -------
-    (estimate, standard_error)
+    tuple of two jax.Array
+        ``(estimate, standard_error)``.
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the invariant trace), estimated with Hutchinson
-    probes. Taught in chapter 4, *Invariant Hessians*.
+    Raises
+    ------
+    GeometryError
+        If ``num_probes`` or ``batched`` is invalid, ``params`` is not finite, a diagonal metric is
+        not positive, or (eagerly) a CG solve fails or the products are not finite.
 
     Examples
     --------
@@ -424,6 +583,11 @@ def trace_estimate(
     >>> est, se = mg.trace_estimate(lambda x: jnp.sum(jnp.arange(1.0, 4.0) * x**2), jnp.zeros(3), jax.random.PRNGKey(0))
     >>> float(est)   # exact for a diagonal Hessian with Rademacher probes: 2 + 4 + 6
     12.0
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A.2 (the invariant trace), estimated with
+    Hutchinson probes. Chapter 4.
     """
     if not (isinstance(num_probes, int) and num_probes >= 1):
         raise GeometryError(f"trace_estimate: num_probes must be a positive int, got {num_probes!r}.")
@@ -510,8 +674,9 @@ def top_eigenvalues(
 ) -> jax.Array:
     r"""The ``k`` largest eigenvalues of :math:`E = G^{-1}H` by Lanczos in the :math:`G`-inner product, certified.
 
-    :math:`E` is self-adjoint for :math:`\langle u, v\rangle_G`, and
-    :math:`\langle u, Ev\rangle_G = u^\top H v`, so each iteration needs one
+    .. math:: \langle u, Ev\rangle_G = u^\top G\,G^{-1}H v = u^\top H v,
+
+    so :math:`E` is self-adjoint for :math:`\langle u, v\rangle_G`, and each iteration needs one
     Hessian-vector product and one application of :math:`G^{-1}` (identity,
     diagonal, or a CG solve).  Full reorthogonalization.
 
@@ -540,20 +705,24 @@ def top_eigenvalues(
 
     Parameters
     ----------
-    f, params
-        The loss and the point (a pytree).
-    key
+    f : callable
+        The scalar loss of a parameter pytree.
+    params : pytree
+        The point.
+    key : jax.Array
         PRNG key of the start and restart vectors.
-    k
+    k : int, optional
         How many of the largest eigenvalues.
-    metric
+    metric : None, pytree or :class:`~minigeo.Metric`, optional
         ``None`` (:math:`G = I`), a positive pytree like ``params`` (diagonal) or a Metric.
-    num_iterations
+    num_iterations : int, optional
         Lanczos steps (capped at the number of parameters); ``None`` adapts them (eagerly).
-    rtol
+    rtol : float or None, optional
         Certification tolerance relative to the spectrum's scale; ``None`` turns it off.
-    tol, maxiter
-        Tolerance and iteration cap of the conjugate-gradient solves with a Metric.
+    tol : float, optional
+        Relative tolerance of the conjugate-gradient solves with a Metric.
+    maxiter : int, optional
+        Iteration cap of those solves.
 
     Returns
     -------
@@ -566,11 +735,6 @@ def top_eigenvalues(
         If ``k`` is out of range, the products are not finite, or (eagerly) a value is not
         certified to ``rtol``.
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (invariant eigenvalues), computed by Lanczos in the
-    G-inner product. Taught in chapter 4, *Invariant Hessians*.
-
     Examples
     --------
     >>> import jax, jax.numpy as jnp
@@ -578,6 +742,11 @@ def top_eigenvalues(
     >>> f = lambda x: 0.5 * jnp.sum(jnp.arange(1.0, 6.0) * x**2)
     >>> mg.top_eigenvalues(f, jnp.zeros(5), jax.random.PRNGKey(0), k=2).round(4)
     Array([5., 4.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A.3 (invariant eigenvalues), computed by
+    Lanczos in the :math:`G`-inner product. Chapter 4.
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
