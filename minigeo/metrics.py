@@ -80,20 +80,27 @@ MvFn = Callable[[PyTree, PyTree], PyTree]
 class Metric:
     r"""A metric field :math:`\theta \mapsto G(\theta)` given by matrix-vector products.
 
+    .. math:: v \mapsto (G(\theta) + \lambda I)\,v,\qquad \langle u, v\rangle_{G(\theta)} = u^\top G(\theta)\,v.
+
     Parameters
     ----------
-    mv_fn
+    mv_fn : callable
         ``mv_fn(params, v)`` returns :math:`G(\theta) v` (without damping).
-    name
+    name : str, optional
         Shown in error messages.
-    damping
+    damping : float or array, optional
         :math:`\lambda \ge 0`; :meth:`mv` returns :math:`(G + \lambda I) v`, with :math:`G` the
         operator of ``mv_fn``.  A Python number, NumPy scalar, 0-d JAX array or a traced
         value; negative or NaN values raise :class:`GeometryError` (when concrete).
-    compiled
+    compiled : bool, optional
         ``True`` (default): eager :meth:`mv` calls are compiled once per ``mv_fn`` and input
         shapes (see *Compilation* below).  ``False``: run ``mv_fn`` op by op, for product
         functions whose value checks need concrete arrays (:func:`diagonal`, :func:`dense`).
+
+    Raises
+    ------
+    GeometryError
+        If ``mv_fn`` is not callable, or ``damping`` is not a scalar or (when concrete) negative or NaN.
 
     Notes
     -----
@@ -118,11 +125,6 @@ class Metric:
     metric or its functions), so a metric whose function reads changing state gives
     the current matrix, and metrics made in a loop are garbage-collected.
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2; Grosse (2022), CSC2541 lecture 3 *Metrics* (metrics
-    used through their products). Taught in chapter 2, *Pullback metrics*.
-
     Examples
     --------
     >>> import jax.numpy as jnp
@@ -133,6 +135,11 @@ class Metric:
     >>> G.with_damping(0.5).dense(jnp.zeros(2))
     Array([[1.5, 0. ],
            [0. , 4.5]], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2; Grosse (2022), CSC2541 lecture 3 *Metrics*
+    (matrix-vector products). Chapter 2.
     """
 
     mv_fn: MvFn
@@ -146,9 +153,37 @@ class Metric:
         check_damping(self.damping, f"{self.name}: damping")
 
     def mv(self, params: PyTree, v: PyTree) -> PyTree:
-        r""":math:`(G(\theta) + \lambda I)\,v` for a tangent vector ``v`` shaped like ``params``.
+        r"""The damped matrix-vector product at ``params``.
 
-        Lists of numbers are converted to arrays; empty or integer inputs raise :class:`GeometryError`.
+        .. math:: v \mapsto (G(\theta) + \lambda I)\,v.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+        v : pytree
+            A tangent vector shaped like ``params``; lists of numbers are converted to arrays.
+
+        Returns
+        -------
+        pytree
+            :math:`(G + \lambda I)v`, shaped like ``params``.
+
+        Raises
+        ------
+        GeometryError
+            For empty or integer inputs, or if ``v`` does not have the structure of ``params``.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).with_damping(1.0).mv(jnp.zeros(2), jnp.ones(2))
+        Array([2., 5.], dtype=float32)
+
+        References
+        ----------
+        Grosse (2022), CSC2541 lecture 3 *Metrics* (matrix-vector products). Chapter 2.
         """
         params = as_float_point(params, "params")
         v = as_float_point(v, "the vector v")
@@ -160,31 +195,142 @@ class Metric:
         return _compiled_damped_mv(self.mv_fn, params, v, self.damping)
 
     def at(self, params: PyTree) -> Callable[[PyTree], PyTree]:
-        """The linear map ``v -> G v`` at a fixed point (a ``MetricLike`` for :mod:`minigeo.coords`)."""
+        r"""The linear map at a fixed point, for :mod:`minigeo.coords`.
+
+        .. math:: v \mapsto (G(\theta) + \lambda I)\,v \quad\text{at fixed }\theta.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+
+        Returns
+        -------
+        callable
+            ``v -> self.mv(params, v)`` (a ``MetricLike``).
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).at(jnp.zeros(2))(jnp.ones(2))
+        Array([1., 4.], dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (the metric at one point). Chapter 2.
+        """
         return lambda v: self.mv(params, v)
 
     def inner(self, params: PyTree, u: PyTree, v: PyTree) -> jax.Array:
-        r""":math:`\langle u, v\rangle_{G(\theta)} = u^\top G v`."""
+        r"""The inner product of two tangent vectors at ``params``.
+
+        .. math:: \langle u, v\rangle_{G(\theta)} = u^\top (G(\theta) + \lambda I)\,v.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+        u, v : pytree
+            Tangent vectors shaped like ``params``.
+
+        Returns
+        -------
+        jax.Array
+            The scalar inner product.
+
+        Raises
+        ------
+        GeometryError
+            If ``u`` and ``v`` do not have the structure of ``params``.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).inner(jnp.zeros(2), jnp.ones(2), jnp.ones(2))
+        Array(5., dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 2.2, Example 3(c). Chapter 2.
+        """
         check_same_structure(u, v, "the vector v", "the vector u")
         return tree_vdot(u, self.mv(params, v))
 
     def with_damping(self, damping: Any) -> "Metric":
-        r"""The same metric with damping :math:`\lambda`: the operator :math:`G + \lambda I`.
+        r"""The same metric with damping :math:`\lambda`.
 
-        Replaces any previous ``with_damping`` value (it does not accumulate).  ``damping``
-        may be a Python number, NumPy scalar, 0-d array or a traced value; negative or NaN
-        values raise :class:`GeometryError` when concrete.
+        .. math:: G(\theta) \mapsto G(\theta) + \lambda I.
+
+        Replaces any previous ``with_damping`` value (it does not accumulate).
+
+        Parameters
+        ----------
+        damping : float or array
+            :math:`\lambda \ge 0`: a Python number, NumPy scalar, 0-d array or a traced value.
+
+        Returns
+        -------
+        :class:`~minigeo.Metric`
+            A new metric with the same ``mv_fn``, ``name`` and ``compiled``.
+
+        Raises
+        ------
+        GeometryError
+            If ``damping`` is negative or NaN (when concrete), or not a scalar.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> float(mg.metrics.euclidean().with_damping(1.0).with_damping(0.5).damping)  # replaces, no sum
+        0.5
+
+        References
+        ----------
+        No formula from the source papers (damping is a numerical device). Chapters 2 and 3.
         """
         return Metric(self.mv_fn, self.name, damping, self.compiled)
 
     def dense(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
-        """The dense ``d x d`` matrix over the flattened parameters (``ravel_pytree`` order).
+        r"""The dense ``d x d`` matrix over the flattened parameters (``ravel_pytree`` order).
+
+        .. math:: [G(\theta) + \lambda I]_{:, i} = (G(\theta) + \lambda I)\,e_i,\qquad i = 1, \dots, d.
 
         Built from ``d`` matrix-vector products vectorised with ``vmap``, afresh at
         every call: nothing is cached on the metric or on the user's functions, so a
         function that reads changing state gives the current matrix (wrap the call in
-        ``jax.jit`` yourself to compile it).  Refuses above ``max_size`` parameters and
-        non-finite parameters; :meth:`check_positive_definite` checks the result.
+        ``jax.jit`` yourself to compile it).  :meth:`check_positive_definite` checks the result.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+        max_size : int, optional
+            Largest number of parameters for which the matrix is built.
+
+        Returns
+        -------
+        jax.Array
+            The ``(d, d)`` matrix, damping included.
+
+        Raises
+        ------
+        GeometryError
+            Above ``max_size`` parameters, or for non-finite parameters.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).dense(jnp.zeros(2))
+        Array([[1., 0.],
+               [0., 4.]], dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a matrix field). Chapter 2.
         """
         params = as_float_point(params, "params")
         check_dense_size(tree_size(params), max_size, f"The {self.name} metric")
@@ -202,19 +348,56 @@ class Metric:
         max_size: int = DEFAULT_MAX_DENSE_SIZE,
         return_info: bool = False,
     ) -> PyTree | tuple[PyTree, SolveInfo]:
-        r""":math:`(G + \lambda I)^{-1}\,\mathrm{rhs}`: conjugate gradients (``"cg"``) or Cholesky (``"dense"``).
+        r"""Solve with the damped metric: conjugate gradients (``"cg"``) or Cholesky (``"dense"``).
 
-        Eagerly, raises :class:`GeometryError` if the (damped) metric is not
-        symmetric, singular or indefinite (dense: by its eigenvalues; CG: by the
-        curvature :math:`p^\top A p \le 0` met along the search directions), or if CG
-        did not converge, with the advice to add damping.  ``rhs = 0`` gives 0.
+        .. math:: x = (G(\theta) + \lambda I)^{-1}\,\mathrm{rhs}.
 
-        Under ``jit`` no exception can be raised: pass ``return_info=True`` to get
-        ``(x, info)``, where ``info`` is a ``SolveInfo`` named tuple (``converged``,
-        ``status``: 0 converged, 1 ``maxiter`` reached, 2 not positive definite,
-        3 non-finite; ``iterations``, ``residual``, ``curvature``) to check.  With
-        status 2 or 3 ``x`` is NaN.  ``method="dense"`` reports ``converged=True``
-        (under ``jit`` a failed Cholesky gives NaN).
+        ``rhs = 0`` gives 0.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+        rhs : pytree
+            The right-hand side, shaped like ``params``.
+        method : {"cg", "dense"}, optional
+            Matrix-free conjugate gradients, or Cholesky on the dense matrix.
+        tol : float, optional
+            CG relative tolerance.
+        maxiter : int, optional
+            CG iteration limit.
+        max_size : int, optional
+            Largest number of parameters for ``method="dense"``.
+        return_info : bool, optional
+            Under ``jit`` no exception can be raised: pass ``True`` to get ``(x, info)``, where
+            ``info`` is a ``SolveInfo`` named tuple (``converged``, ``status``: 0 converged,
+            1 ``maxiter`` reached, 2 not positive definite, 3 non-finite; ``iterations``,
+            ``residual``, ``curvature``) to check.  With status 2 or 3 ``x`` is NaN.
+            ``method="dense"`` reports ``converged=True`` (under ``jit`` a failed Cholesky gives NaN).
+
+        Returns
+        -------
+        pytree or tuple
+            ``x`` shaped like ``params``; ``(x, info)`` if ``return_info``.
+
+        Raises
+        ------
+        GeometryError
+            Eagerly, if the (damped) metric is not symmetric, singular or indefinite (dense: by
+            its eigenvalues; CG: by the curvature :math:`p^\top A p \le 0` met along the search
+            directions), or if CG did not converge, with the advice to add damping; also for an
+            unknown ``method``, mismatched structures or non-finite inputs.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).solve(jnp.zeros(2), jnp.array([1.0, 4.0])).round(4)
+        Array([1., 1.], dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (preconditioning by :math:`G^{-1}`). Chapter 3.
         """
         params = as_float_point(params, "params")
         rhs = as_float_point(rhs, "the right-hand side")
@@ -239,7 +422,36 @@ class Metric:
         raise GeometryError(f"Metric.solve: method must be 'cg' or 'dense', got {method!r}.")
 
     def check_positive_definite(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> None:
-        """Raise :class:`GeometryError` unless the dense (damped) metric is symmetric positive definite."""
+        r"""Raise unless the dense (damped) metric is symmetric positive definite.
+
+        .. math:: G(\theta) + \lambda I = (G(\theta) + \lambda I)^\top \succ 0.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+        max_size : int, optional
+            Largest number of parameters for which the dense matrix is built.
+
+        Returns
+        -------
+        None
+
+        Raises
+        ------
+        GeometryError
+            If the matrix is not symmetric or not positive definite, or as :meth:`dense` raises.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).check_positive_definite(jnp.zeros(2))
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric is positive definite). Chapter 2.
+        """
         G = self.dense(params, max_size=max_size)
         check_spd(
             G,
