@@ -509,12 +509,14 @@ def _dense_matrix(metric: Metric, params: PyTree) -> jax.Array:
 # simple metrics
 # ---------------------------------------------------------------------------
 def euclidean() -> Metric:
-    r"""The Euclidean metric :math:`G = I`: what plain gradient descent assumes.
+    r"""The Euclidean metric: what plain gradient descent assumes.
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (gradient descent implicitly assumes G = I). Taught
-    in chapters 1, *Vectors vs covectors* and 2, *Pullback metrics*.
+    .. math:: G(\theta) = I.
+
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The metric with ``mv(params, v) = v``.
 
     Examples
     --------
@@ -522,17 +524,35 @@ def euclidean() -> Metric:
     >>> import minigeo as mg
     >>> mg.metrics.euclidean().mv(jnp.zeros(2), jnp.array([1.0, 2.0]))
     Array([1., 2.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (gradient descent implicitly assumes :math:`G = I`).
+    Chapters 1 and 2.
     """
     return Metric(lambda params, v: v, "euclidean")
 
 
 def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
-    r"""A diagonal metric :math:`G = \mathrm{diag}(w)`, with ``w`` a positive pytree like the parameters or a function of them.
+    r"""A diagonal metric with positive weights, constant or a function of the parameters.
 
-    References
+    .. math:: G(\theta) = \mathrm{diag}\big(w(\theta)\big).
+
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 4.1 (diagonal preconditioners such as Adam's). Taught in
-    chapter 2, *Pullback metrics*.
+    weights : pytree or callable
+        A positive pytree like the parameters, or ``params -> w`` returning one.
+
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The metric, with ``mv(params, v) = w * v`` leaf by leaf (``compiled=False``).
+
+    Raises
+    ------
+    GeometryError
+        From its products: if ``w`` does not match the parameters' structure, or (when concrete) is
+        not finite or has weights :math:`\le 0`.
 
     Examples
     --------
@@ -540,6 +560,10 @@ def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
     >>> import minigeo as mg
     >>> mg.metrics.diagonal(lambda p: p**2).mv(jnp.array([2.0, 3.0]), jnp.ones(2))
     Array([4., 9.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 4.1 (diagonal preconditioners such as Adam's). Chapter 2.
     """
     weight_fn = weights if callable(weights) else (lambda params: weights)
 
@@ -560,15 +584,26 @@ def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
 
 
 def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
-    r"""A metric given by a dense matrix field ``matrix_fn(params)`` over the flattened parameters.
+    r"""A metric given by a dense matrix field over the flattened parameters.
 
-    References
+    .. math:: v \mapsto G(\theta)\,v,\qquad G(\theta) \in \mathbb R^{d\times d}.
+
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a positive-definite matrix field).
-    Taught in chapter 2, *Pullback metrics*.
+    matrix_fn : callable
+        ``params -> G(params)``, a symmetric ``(d, d)`` matrix, ``d`` the number of parameters.
 
-    The matrix must be symmetric: an asymmetry above ``max(64 d, 1000)`` machine epsilons
-    (relative to its largest entry) raises :class:`GeometryError` when the values are concrete.
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The metric (``compiled=False``, so its checks see concrete values).
+
+    Raises
+    ------
+    GeometryError
+        From its products: if the matrix has the wrong shape, is not finite, or (when concrete) is
+        not symmetric: an asymmetry above ``max(64 d, 1000)`` machine epsilons relative to its
+        largest entry.
 
     Examples
     --------
@@ -577,6 +612,10 @@ def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
     >>> G = mg.metrics.dense(lambda p: jnp.array([[2.0, 1.0], [1.0, 2.0]]))
     >>> G.mv(jnp.zeros(2), jnp.array([1.0, 0.0]))
     Array([2., 1.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a positive-definite matrix field). Chapter 2.
     """
 
     def mv(params: PyTree, v: PyTree) -> PyTree:
@@ -606,7 +645,7 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
     ================================  ==========================  ===========================================
     a :class:`Metric`                 (any)                       itself
     ``None``                          (any)                       :func:`~minigeo.euclidean`
-    a square matrix :math:`M`         (any)                       the constant field :math:`G(	heta) = M`
+    a square matrix :math:`M`         (any)                       the constant field :math:`G(\theta) = M`
     ``x -> G(x)`` (a matrix)          ``"matrix_field"``          :func:`~minigeo.dense_metric` ``(obj)``
     ``(params, v) -> G v``            ``"product"``               ``Metric(obj)``
     ``v -> G v`` (at one point)       ``"operator"``              the constant field with that product
@@ -624,24 +663,21 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
 
     Parameters
     ----------
-    obj
+    obj : :class:`~minigeo.Metric`, None, array or callable
         A :class:`Metric`, ``None``, a square matrix, or a callable described by ``kind``.
-    kind
-        ``"matrix_field"``, ``"product"`` or ``"operator"``; needed for callables only.
+    kind : {"matrix_field", "product", "operator"}, optional
+        Needed for callables only.
 
     Returns
     -------
-    Metric
+    :class:`~minigeo.Metric`
+        The metric field.
 
     Raises
     ------
     GeometryError
-        For a callable without ``kind``, an unknown ``kind``, or an object that is none of the above.
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a positive-definite matrix field).
-    Taught in chapter 2, *Pullback metrics*.
+        For a callable without ``kind``, an unknown ``kind``, a matrix that is not square, finite and
+        symmetric, or an object that is none of the above.
 
     Examples
     --------
@@ -653,6 +689,10 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
            [0., 4.]], dtype=float32)
     >>> mg.as_metric(jnp.array([[2.0, 1.0], [1.0, 2.0]])).mv(jnp.zeros(2), jnp.array([1.0, 0.0]))
     Array([2., 1.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a positive-definite matrix field). Chapter 2.
     """
     if kind is not None and kind not in _KINDS:
         raise GeometryError(f"as_metric: kind must be one of {_KINDS} or None, got {kind!r}.")
@@ -716,26 +756,33 @@ def _output_mv(output_metric: OutputMetric) -> Callable[[PyTree, PyTree], PyTree
 
 
 def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metric:
-    r"""The pullback metric :math:`f^*G_z = J_f^\top G_z J_f` (Grosse 2022, "pullback metric").
+    r"""The pullback of an output-space metric through ``f``.
+
+    .. math:: (f^*G_z)(\theta) = J_f(\theta)^\top\,G_{f(\theta)}\,J_f(\theta).
 
     Parameters
     ----------
-    f
+    f : callable
         Maps parameters to outputs (e.g. ``lambda p: model(p, X)``).
-    output_metric
+    output_metric : :class:`~minigeo.Metric` or callable
         A :class:`Metric` on the outputs (its "params" are the outputs ``z``) or a
         callable ``(z, u) -> G_z u``.
+
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The pullback metric on the parameters.
+
+    Raises
+    ------
+    GeometryError
+        If ``output_metric`` is neither a :class:`Metric` nor callable.
 
     Notes
     -----
     One product costs a jvp, an output-space product and a vjp.  Pushing two
     vectors forward and taking their inner product in output space equals
     taking the inner product with the pullback metric.
-
-    References
-    ----------
-    Grosse (2022), CSC2541 lecture 3 *Metrics* (pullback metrics); Kristiadi, Dangel & Hennig
-    (2023), Sec. 3.4. Taught in chapter 2, *Pullback metrics*.
 
     Examples
     --------
@@ -746,6 +793,11 @@ def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metr
     >>> G.dense(jnp.array([1.0, 2.0]))  # J^T J with J = [[2, 1], [0, 1]]
     Array([[4., 2.],
            [2., 2.]], dtype=float32)
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (pullback metrics, ``pullback_mvp``); Kristiadi, Dangel &
+    Hennig (2023), Sec. 3.4, eq. (12). Chapter 2.
     """
     out_mv = _output_mv(output_metric)
 
@@ -757,7 +809,9 @@ def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metr
 
 
 def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Array]) -> Metric:
-    r"""The generalized Gauss-Newton matrix :math:`J^\top H_z J` (Kristiadi et al. 2023, eq. 3; Grosse 2022, ``gnhvp``).
+    r"""The generalized Gauss-Newton matrix of a model and an output-space loss.
+
+    .. math:: G(\theta) = J(\theta)^\top H_z J(\theta),\qquad H_z = \nabla_z^2\,\ell(z)\big|_{z = f(\theta)}.
 
     Positive semi-definite when ``loss_fn`` is convex in the outputs.  Equal to
     the pullback of the Euclidean metric for squared error, and to the Fisher
@@ -765,15 +819,15 @@ def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Ar
 
     Parameters
     ----------
-    model_fn
+    model_fn : callable
         ``params -> outputs`` on the data (the data are closed over).
-    loss_fn
+    loss_fn : callable
         ``outputs -> scalar`` (targets closed over); :math:`H_z = \nabla_z^2` of it.
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), eq. (3) and Sec. 3.4; Grosse (2022), CSC2541 lecture 3
-    *Metrics* (Gauss-Newton). Taught in chapter 2, *Pullback metrics*.
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The GGN, named ``"GGN"``.
 
     Examples
     --------
@@ -784,6 +838,11 @@ def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Ar
     >>> G.dense(jnp.zeros(2))  # X^T X for linear least squares
     Array([[2., 1.],
            [1., 1.]], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.1, eq. (3), and Sec. 3.4; Grosse (2022), CSC2541 lecture 3
+    *Metrics* (Gauss-Newton, ``gnhvp``). Chapter 2.
     """
 
     def output_hvp(z: PyTree, u: PyTree) -> PyTree:
@@ -796,21 +855,18 @@ def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Ar
 class Likelihood(NamedTuple):
     r"""An output-space likelihood :math:`p(t \mid z)` for the Fisher.
 
+    .. math:: F_z = \mathbb E_{t\sim p(\cdot\mid z)}\big[\nabla_z \log p(t\mid z)\,\nabla_z \log p(t\mid z)^\top\big].
+
     Attributes
     ----------
-    name
+    name : str
         ``"categorical"`` or ``"gaussian"``.
-    fisher_mv
+    fisher_mv : callable
         ``(z, u) -> F_z u`` for a batch of outputs ``z`` (leading batch axis), summed over the batch.
-    sample
+    sample : callable
         ``(key, z) -> t``: targets drawn from the model, one per example.
-    nll
+    nll : callable
         ``(z, t) -> per-example negative log-likelihoods`` (shape ``(N,)``).
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.4 (the Fisher of an output-space likelihood). Taught
-    in chapter 2, *Pullback metrics*.
 
     Examples
     --------
@@ -821,6 +877,11 @@ class Likelihood(NamedTuple):
     'categorical'
     >>> lik.fisher_mv(jnp.zeros((1, 2)), jnp.array([[1.0, 0.0]])).tolist()  # (diag(p) - p p^T) u, p = (1/2, 1/2)
     [[0.25, -0.25]]
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.4; Grosse (2022), CSC2541 lecture 3 *Metrics* (output-space
+    Fisher :math:`F_z`). Chapter 2.
     """
 
     name: str
@@ -832,13 +893,14 @@ class Likelihood(NamedTuple):
 def categorical_likelihood() -> Likelihood:
     r"""Softmax categorical likelihood on logits ``z`` of shape ``(N, C)``; targets are integer labels.
 
-    Output-space Fisher per example: :math:`F_z = \mathrm{diag}(p) - p p^\top`, :math:`p = \mathrm{softmax}(z)`,
-    which is also the Hessian of the cross-entropy in the logits.
+    .. math:: F_z = \mathrm{diag}(p) - p p^\top,\qquad p = \mathrm{softmax}(z)
 
-    References
-    ----------
-    Grosse (2022), CSC2541 lecture 3 *Metrics* (softmax cross-entropy and its Fisher). Taught in
-    chapter 2, *Pullback metrics*.
+    per example, which is also the Hessian of the cross-entropy in the logits.
+
+    Returns
+    -------
+    :class:`~minigeo.Likelihood`
+        Named ``"categorical"``.
 
     Examples
     --------
@@ -847,6 +909,11 @@ def categorical_likelihood() -> Likelihood:
     >>> lik = mg.metrics.categorical_likelihood()
     >>> lik.fisher_mv(jnp.zeros((1, 2)), jnp.array([[1.0, 0.0]]))  # p = (1/2, 1/2)
     Array([[ 0.25, -0.25]], dtype=float32)
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (Bregman divergence: for natural parameters of an
+    exponential family, such as logits, :math:`F_z = H_z`). Chapter 2.
     """
 
     def fisher_mv(z: jax.Array, u: jax.Array) -> jax.Array:
@@ -864,12 +931,24 @@ def categorical_likelihood() -> Likelihood:
 
 
 def gaussian_likelihood(sigma: float = 1.0) -> Likelihood:
-    r"""Gaussian likelihood :math:`\mathcal N(t \mid z, \sigma^2 I)` with fixed :math:`\sigma`; :math:`F_z = I/\sigma^2`.
+    r"""Gaussian likelihood :math:`\mathcal N(t \mid z, \sigma^2 I)` with fixed :math:`\sigma`.
 
-    References
+    .. math:: F_z = I/\sigma^2.
+
+    Parameters
     ----------
-    Grosse (2022), CSC2541 lecture 3 *Metrics* (squared error as a Gaussian likelihood; Fisher =
-    Gauss-Newton). Taught in chapter 2, *Pullback metrics*.
+    sigma : float, optional
+        The standard deviation :math:`\sigma > 0`.
+
+    Returns
+    -------
+    :class:`~minigeo.Likelihood`
+        Named ``"gaussian"``.
+
+    Raises
+    ------
+    GeometryError
+        If ``sigma`` is not positive.
 
     Examples
     --------
@@ -877,6 +956,11 @@ def gaussian_likelihood(sigma: float = 1.0) -> Likelihood:
     >>> import minigeo as mg
     >>> mg.metrics.gaussian_likelihood(2.0).fisher_mv(jnp.zeros((1, 1)), jnp.ones((1, 1)))
     Array([[0.25]], dtype=float32)
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (squared error: :math:`H_z = G_z = I`, Fisher =
+    Gauss-Newton). Chapter 2.
     """
     if not sigma > 0:
         raise GeometryError(f"gaussian_likelihood: sigma must be > 0, got {sigma}.")
@@ -937,26 +1021,37 @@ def fisher(
     mc_samples: int | None = None,
     key: jax.Array | None = None,
 ) -> Metric:
-    r"""The Fisher information :math:`\sum_n J_n^\top\, \mathbb E_{t\sim p(\cdot\mid z_n)}[g g^\top]\, J_n` (Grosse 2022).
+    r"""The Fisher information of a model with an output-space likelihood (exact or Monte Carlo).
+
+    .. math:: F(\theta) = c\sum_n J_n^\top\, \mathbb E_{t\sim p(\cdot\mid z_n)}\big[g g^\top\big]\, J_n,
+        \qquad g = \nabla_{z_n}\log p(t\mid z_n),\quad c = 1/N \text{ or } 1.
 
     Parameters
     ----------
-    model_fn
+    model_fn : callable
         ``params -> z``, outputs with a leading batch axis (logits for
         ``"categorical"``, means for ``"gaussian"``).
-    likelihood
-        ``"categorical"``, ``"gaussian"`` (:math:`\sigma = 1`), or a :class:`Likelihood`.
-    reduction
+    likelihood : {"categorical", "gaussian"} or :class:`~minigeo.Likelihood`, optional
+        ``"gaussian"`` has :math:`\sigma = 1`.
+    reduction : {"mean", "sum"}, optional
         ``"mean"`` divides by the batch size (matches a mean loss), ``"sum"`` does not.
-    mc_samples, key
-        If given, the Monte-Carlo Fisher: targets are sampled from the model
+    mc_samples : int, optional
+        If given (with ``key``), the Monte-Carlo Fisher: targets are sampled from the model
         (``mc_samples`` per example, fixed by ``key``) and :math:`g = \nabla_z \log p(t \mid z)`;
         otherwise the exact output-space Fisher is used.
+    key : jax.Array, optional
+        PRNG key of the Monte-Carlo targets.
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.4; Grosse (2022), CSC2541 lecture 3 *Metrics* (Fisher
-    as the pullback of the KL Hessian). Taught in chapter 2, *Pullback metrics*.
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The Fisher metric.
+
+    Raises
+    ------
+    GeometryError
+        For an unknown likelihood, ``mc_samples`` without a key or not a positive int; from its
+        products: an unknown ``reduction``, outputs without a batch axis, or an empty batch.
 
     Examples
     --------
@@ -966,6 +1061,11 @@ def fisher(
     >>> F.dense(jnp.zeros(2))  # diag(p) - p p^T at p = (1/2, 1/2)
     Array([[ 0.25, -0.25],
            [-0.25,  0.25]], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.4, eq. (12); Grosse (2022), CSC2541 lecture 3 *Metrics*
+    (Fisher as the pullback of the KL Hessian). Chapter 2.
     """
     lik = _as_likelihood(likelihood)
     if mc_samples is None:
@@ -1001,7 +1101,10 @@ def empirical_fisher(
     *,
     reduction: str = "mean",
 ) -> Metric:
-    r"""The "empirical Fisher" :math:`\sum_n J_n^\top g_n g_n^\top J_n`, :math:`g_n = \nabla_{z_n}\ell(z_n, y_n)` at the training targets.
+    r"""The "empirical Fisher": outer products of per-example output gradients at the training targets.
+
+    .. math:: \hat F(\theta) = c\sum_n J_n^\top g_n g_n^\top J_n,\qquad g_n = \nabla_{z_n}\ell(z_n, y_n),
+        \quad c = 1/N \text{ or } 1.
 
     The outer product of per-example gradients.  Unlike :func:`fisher` it does
     not sample targets from the model, and it is *not* a curvature
@@ -1009,17 +1112,23 @@ def empirical_fisher(
 
     Parameters
     ----------
-    model_fn
+    model_fn : callable
         ``params -> z`` with a leading batch axis.
-    per_example_loss_fn
+    per_example_loss_fn : callable
         ``z -> (N,)`` per-example losses at the training targets (closed over).
-    reduction
+    reduction : {"mean", "sum"}, optional
         ``"mean"`` (default) divides by :math:`N`.
 
-    References
-    ----------
-    Grosse (2022), CSC2541 lecture 3 *Metrics* (empirical Fisher vs Fisher); Kunstner et al. (2019).
-    Taught in chapter 2, *Pullback metrics*.
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The empirical Fisher.
+
+    Raises
+    ------
+    GeometryError
+        From its products: outputs without a batch axis, an empty batch, losses not of shape
+        ``(N,)``, or an unknown ``reduction``.
 
     Examples
     --------
@@ -1029,6 +1138,11 @@ def empirical_fisher(
     >>> EF = mg.metrics.empirical_fisher(lambda w: X @ w, lambda z: 0.5 * (z - y) ** 2)
     >>> EF.dense(jnp.zeros(1))  # mean of (x (w x - y))^2 = (1 + 4) / 2
     Array([[2.5]], dtype=float32)
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (empirical Fisher vs Fisher); Kunstner et al. (2019).
+    Chapter 2.
     """
 
     def mv(params: PyTree, v: PyTree) -> PyTree:
