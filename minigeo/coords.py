@@ -79,22 +79,30 @@ Predicate = Callable[[PyTree], Any]
 class Reparametrization:
     r"""A change of coordinates :math:`\psi = \varphi(\theta)` with its inverse.
 
+    .. math:: \varphi: \Theta \to \Psi,\qquad J(\theta) = \frac{\partial\psi}{\partial\theta}\ \text{invertible on } \Theta.
+
     Parameters
     ----------
-    forward
+    forward : callable
         :math:`\varphi`, maps a point ``theta`` (array or pytree) to ``psi``.
-    inverse
+    inverse : callable
         :math:`\varphi^{-1}`, maps ``psi`` back to ``theta``.
-    name
-        Shown in error messages and plots.
-    domain, codomain
-        Optional predicates returning a boolean array (or pytree of them) that is
+    name : str, optional
+        Shown in error messages and plots (default: the name of ``forward``).
+    domain, codomain : callable, optional
+        Predicates returning a boolean array (or pytree of them) that is
         ``True`` where a point lies inside the open set on which ``forward``
         (respectively ``inverse``) is a diffeomorphism.  They are evaluated
         eagerly (not under ``jit``) and give the error message for points
         outside, e.g. ``log()`` at ``theta <= 0``.
-    domain_description, codomain_description
+    domain_description, codomain_description : str, optional
         Human-readable descriptions of those sets for the error messages.
+
+    Raises
+    ------
+    GeometryError
+        If ``forward`` or ``inverse`` is not callable; later, from the methods, if a point lies outside
+        ``domain``/``codomain``, a value is not finite, or the Jacobian is not square or is singular.
 
     Notes
     -----
@@ -102,11 +110,6 @@ class Reparametrization:
     invertible on the domain; Kristiadi et al. 2023, Sec. 2.2 calls such a map a
     reparametrization.  Points and objects may be 1-D arrays or pytrees; the
     output of ``forward`` may have a different pytree structure from its input.
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a reparametrization is a diffeomorphism of
-    parameter space). Taught in chapter 1, *Vectors vs covectors*.
 
     Examples
     --------
@@ -117,6 +120,11 @@ class Reparametrization:
     Array([8.], dtype=float32)
     >>> float(cube.jacobian(jnp.array([2.0]))[0, 0])
     12.0
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a reparametrization is a diffeomorphism of
+    parameter space). Taught in chapter 1, *Vectors vs covectors*.
     """
 
     __slots__ = (
@@ -317,14 +325,23 @@ def _singular_hint(phi: Reparametrization) -> str:
 def transform_function(phi: Reparametrization, h: Callable[[PyTree], Any]) -> Callable[[PyTree], Any]:
     r"""A function in ψ-coordinates: :math:`\hat h = h \circ \varphi^{-1}` (Kristiadi et al. 2023, rule (a)).
 
+    .. math:: \hat h(\psi) = h(\varphi^{-1}(\psi)) = h(\theta).
+
     Unlike the other rules this needs no point: it returns the transformed
     function itself, whose value at :math:`\psi = \varphi(\theta)` is
     :math:`h(\theta)`.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, transformation rule (a). Taught in chapter 1,
-    *Vectors vs covectors*.
+    phi : :class:`~minigeo.Reparametrization`
+        The reparametrization :math:`\varphi`.
+    h : callable
+        A function of a θ-point (array or pytree).
+
+    Returns
+    -------
+    callable
+        :math:`\hat h`, a function of a ψ-point.
 
     Examples
     --------
@@ -333,6 +350,11 @@ def transform_function(phi: Reparametrization, h: Callable[[PyTree], Any]) -> Ca
     >>> h_psi = transform_function(reparam.log(), lambda t: jnp.sum(t**2))
     >>> round(float(h_psi(jnp.log(jnp.array([3.0])))), 4)  # h(3) = 9
     9.0
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, transformation rule (a). Taught in chapter 1,
+    *Vectors vs covectors*.
     """
     return lambda psi: h(phi.inverse(psi))
 
@@ -340,13 +362,30 @@ def transform_function(phi: Reparametrization, h: Callable[[PyTree], Any]) -> Ca
 def transform_vector(phi: Reparametrization, theta: PyTree, v: PyTree) -> PyTree:
     r"""Push a tangent vector forward: :math:`\hat v = J(\theta)\, v` (Kristiadi et al. 2023, rule (b)).
 
+    .. math:: \hat v = J(\theta)\,v,\qquad J(\theta) = \partial\psi/\partial\theta.
+
     Computed by one ``jax.jvp`` through :math:`\varphi`; the result has the
     structure of :math:`\psi = \varphi(\theta)`.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (b); Grosse (2022), CSC2541 lecture 3
-    *Metrics* (pushforward). Taught in chapter 1, *Vectors vs covectors*.
+    phi : :class:`~minigeo.Reparametrization`
+        The reparametrization :math:`\varphi`.
+    theta : array or pytree
+        The point, in θ-coordinates.
+    v : array or pytree
+        The tangent vector at ``theta``, structured like ``theta``.
+
+    Returns
+    -------
+    array or pytree
+        :math:`J(\theta)v`, structured like :math:`\psi`.
+
+    Raises
+    ------
+    GeometryError
+        If ``v`` does not match ``theta`` or is not finite, ``theta`` is outside the domain, or
+        (eagerly) the Jacobian is singular at ``theta``.
 
     Examples
     --------
@@ -354,6 +393,11 @@ def transform_vector(phi: Reparametrization, theta: PyTree, v: PyTree) -> PyTree
     >>> from minigeo import reparam, transform_vector
     >>> transform_vector(reparam.log(), jnp.array([2.0]), jnp.array([1.0]))  # d log(t) = dt / t
     Array([0.5], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (b); Grosse (2022), CSC2541 lecture 3
+    *Metrics* (pushforward). Taught in chapter 1, *Vectors vs covectors*.
     """
     check_same_structure(theta, v, "the vector v", "theta")
     check_finite(v, "the vector v")
@@ -370,14 +414,31 @@ def transform_vector(phi: Reparametrization, theta: PyTree, v: PyTree) -> PyTree
 def transform_covector(phi: Reparametrization, theta: PyTree, omega: PyTree) -> PyTree:
     r"""Pull a covector back to ψ-coordinates: :math:`\hat\omega = J^{-\top}\omega` (Kristiadi et al. 2023, rule (c)).
 
+    .. math:: \hat\omega = J^{-1}(\psi)^\top\omega,\qquad \nabla_\psi (L\circ\varphi^{-1}) = J^{-1}(\psi)^\top\nabla_\theta L.
+
     :math:`J^{-1}(\psi)` is the Jacobian of :math:`\varphi^{-1}`, so this is one
     ``jax.vjp`` through the inverse map, with no matrix inverse.  For a gradient
-    this is the chain rule: :math:`\nabla_\psi (L\circ\varphi^{-1}) = J^{-\top}\nabla_\theta L`.
+    this is the chain rule.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (c); Grosse (2022), CSC2541 lecture 3
-    *Metrics* (the gradient is a covector). Taught in chapter 1, *Vectors vs covectors*.
+    phi : :class:`~minigeo.Reparametrization`
+        The reparametrization :math:`\varphi`.
+    theta : array or pytree
+        The point, in θ-coordinates.
+    omega : array or pytree
+        The covector at ``theta``, structured like ``theta``.
+
+    Returns
+    -------
+    array or pytree
+        :math:`J^{-\top}\omega`, structured like :math:`\psi`.
+
+    Raises
+    ------
+    GeometryError
+        If ``omega`` does not match ``theta`` or is not finite, ``theta`` is outside the domain, or the
+        result is not finite (the inverse map is singular there).
 
     Examples
     --------
@@ -385,6 +446,11 @@ def transform_covector(phi: Reparametrization, theta: PyTree, omega: PyTree) -> 
     >>> from minigeo import reparam, transform_covector
     >>> transform_covector(reparam.log(), jnp.array([2.0]), jnp.array([1.0]))  # dt = t d(log t)
     Array([2.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (c); Grosse (2022), CSC2541 lecture 3
+    *Metrics* (the gradient is a covector). Taught in chapter 1, *Vectors vs covectors*.
     """
     check_same_structure(theta, omega, "the covector omega", "theta")
     check_finite(omega, "the covector omega")
@@ -419,26 +485,30 @@ def _transform_two_form(phi: Reparametrization, theta: PyTree, form: MetricLike,
 def transform_metric(phi: Reparametrization, theta: PyTree, G: MetricLike) -> MetricLike:
     r"""Transform a metric: :math:`\hat G = J^{-\top} G\, J^{-1}` (Kristiadi et al. 2023, rule (d)).
 
+    .. math:: \hat G(\psi) = J^{-1}(\psi)^\top\, G(\theta)\, J^{-1}(\psi),\qquad \theta = \varphi^{-1}(\psi).
+
     Parameters
     ----------
-    phi
-        The reparametrization.
-    theta
+    phi : :class:`~minigeo.Reparametrization`
+        The reparametrization :math:`\varphi`.
+    theta : array or pytree
         The point, in θ-coordinates.
-    G
+    G : array or callable
         The metric at ``theta``: a dense symmetric positive-definite ``d x d`` matrix
         (flattened coordinates), or a matrix-free callable ``v -> G v``.
 
     Returns
     -------
-    The metric at :math:`\psi=\varphi(\theta)` in the same form: a dense matrix, or
-    a callable ``u -> Ĝ u`` computed by ``jvp`` and ``vjp`` through
-    :math:`\varphi^{-1}` (never forming :math:`J`).
+    array or callable
+        The metric at :math:`\psi=\varphi(\theta)` in the same form: a dense matrix, or
+        a callable ``u -> Ĝ u`` computed by ``jvp`` and ``vjp`` through
+        :math:`\varphi^{-1}` (never forming :math:`J`).
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (d). Taught in chapters 1, *Vectors vs
-    covectors* and 2, *Pullback metrics*.
+    Raises
+    ------
+    GeometryError
+        If a dense ``G`` is not square of the right size or not symmetric positive definite, or the
+        Jacobian is singular; a ``G`` that is neither a matrix nor callable.
 
     Examples
     --------
@@ -446,6 +516,11 @@ def transform_metric(phi: Reparametrization, theta: PyTree, G: MetricLike) -> Me
     >>> from minigeo import reparam, transform_metric
     >>> transform_metric(reparam.scale(2.0), jnp.array([1.0]), jnp.eye(1))  # (1/2)^2
     Array([[0.25]], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (d). Taught in chapters 1, *Vectors vs
+    covectors* and 2, *Pullback metrics*.
     """
     if _is_matrix(G):
         check_square_matrix(G, tree_size(theta), "the metric G")
@@ -456,13 +531,31 @@ def transform_metric(phi: Reparametrization, theta: PyTree, G: MetricLike) -> Me
 def transform_bilinear(phi: Reparametrization, theta: PyTree, B: MetricLike) -> MetricLike:
     r"""Transform a bilinear form (e.g. a Hessian at a critical point): :math:`\hat B = J^{-\top} B J^{-1}`.
 
-    Same rule as :func:`transform_metric` but with no positive-definiteness
+    .. math:: \hat B(\psi) = J^{-1}(\psi)^\top\, B(\theta)\, J^{-1}(\psi).
+
+    Same rule as :func:`~minigeo.transform_metric` but with no positive-definiteness
     requirement (Kristiadi et al. 2023, Sec. 2.2 (d) and Sec. 3.1).
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian as a bilinear form). Taught in chapter
-    4, *Invariant Hessians*.
+    phi : :class:`~minigeo.Reparametrization`
+        The reparametrization :math:`\varphi`.
+    theta : array or pytree
+        The point, in θ-coordinates.
+    B : array or callable
+        The bilinear form at ``theta``: a dense square matrix (flattened coordinates), or a
+        callable ``v -> B v``.
+
+    Returns
+    -------
+    array or callable
+        :math:`\hat B` in the same form as ``B``.
+
+    Raises
+    ------
+    GeometryError
+        If a dense ``B`` is not square of the right size or not finite, the Jacobian is singular, or
+        ``B`` is neither a matrix nor callable.
 
     Examples
     --------
@@ -470,6 +563,11 @@ def transform_bilinear(phi: Reparametrization, theta: PyTree, B: MetricLike) -> 
     >>> from minigeo import reparam, transform_bilinear
     >>> transform_bilinear(reparam.scale(2.0), jnp.array([1.0]), -jnp.eye(1))
     Array([[-0.25]], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 rule (d) and Sec. 3.1 (the Hessian as a bilinear
+    form). Taught in chapter 4, *Invariant Hessians*.
     """
     return _transform_two_form(phi, theta, B, "the bilinear form B")
 
@@ -477,12 +575,30 @@ def transform_bilinear(phi: Reparametrization, theta: PyTree, B: MetricLike) -> 
 def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike) -> MetricLike:
     r"""Transform a (1,1)-tensor such as :math:`E = G^{-1}H`: :math:`\hat E = J E J^{-1}` (Kristiadi et al. 2023, eq. 6).
 
+    .. math:: \hat E(\psi) = J(\theta)\, E(\theta)\, J^{-1}(\psi),\qquad \theta = \varphi^{-1}(\psi).
+
     Its trace, determinant and eigenvalues are invariant.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A (the Hessian endomorphism transforms by
-    similarity). Taught in chapter 4, *Invariant Hessians*.
+    phi : :class:`~minigeo.Reparametrization`
+        The reparametrization :math:`\varphi`.
+    theta : array or pytree
+        The point, in θ-coordinates.
+    E : array or callable
+        The endomorphism at ``theta``: a dense square matrix (flattened coordinates), or a
+        callable ``v -> E v``.
+
+    Returns
+    -------
+    array or callable
+        :math:`\hat E` in the same form as ``E``.
+
+    Raises
+    ------
+    GeometryError
+        If a dense ``E`` is not square of the right size or not finite, the Jacobian is singular, or
+        ``E`` is neither a matrix nor callable.
 
     Examples
     --------
@@ -493,6 +609,11 @@ def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike)
     >>> E_hat = transform_endomorphism(reparam.affine(A), jnp.zeros(2), E)
     >>> float(jnp.trace(E_hat))
     5.0
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (6), and App. A (the Hessian endomorphism
+    transforms by similarity). Taught in chapter 4, *Invariant Hessians*.
     """
     psi = phi.forward(theta)
     if _is_matrix(E):
@@ -518,14 +639,27 @@ def transform_metric_field(
 ) -> Callable[[PyTree], jax.Array]:
     r"""A metric field in ψ-coordinates: :math:`\hat G(\psi) = J^{-\top} G(\varphi^{-1}(\psi)) J^{-1}`.
 
-    ``metric_fn`` maps a θ-point to its dense metric; the returned function maps
-    a ψ-point to the transformed dense metric.  Differentiable in ψ, so
-    Christoffel symbols of the transformed metric can be taken by autodiff.
+    .. math:: \hat G(\psi) = J^{-1}(\psi)^\top\, G(\varphi^{-1}(\psi))\, J^{-1}(\psi).
 
-    References
+    Differentiable in ψ, so Christoffel symbols of the transformed metric can be taken by autodiff.
+
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (d), applied at every point; Sec. 3.4. Taught
-    in chapter 2, *Pullback metrics*.
+    phi : :class:`~minigeo.Reparametrization`
+        The reparametrization :math:`\varphi`.
+    metric_fn : callable
+        Maps a θ-point to its dense metric (flattened coordinates).
+
+    Returns
+    -------
+    callable
+        Maps a ψ-point to the transformed dense metric.
+
+    Raises
+    ------
+    GeometryError
+        When the returned function is called at a ψ-point outside the codomain or where
+        :math:`\varphi^{-1}` is not finite.
 
     Examples
     --------
@@ -535,6 +669,11 @@ def transform_metric_field(
     >>> G_polar(jnp.array([2.0, 0.3])).round(6)  # diag(1, r^2)
     Array([[1., 0.],
            [0., 4.]], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (d), applied at every point; Sec. 3.4. Taught
+    in chapter 2, *Pullback metrics*.
     """
 
     def field(psi: PyTree) -> jax.Array:
@@ -552,13 +691,29 @@ def transform_metric_field(
 def pushforward(f: Callable[[PyTree], PyTree], x: PyTree, v: PyTree) -> PyTree:
     r"""Push a tangent vector forward through any smooth map: :math:`df_x\,v = J_f(x)\,v`.
 
+    .. math:: df_x\,v = J_f(x)\,v,\qquad J_f(x) = \partial f/\partial x.
+
     ``f`` need not be invertible (e.g. a network mapping parameters to outputs);
     one ``jax.jvp``, so :math:`J_f` is never formed.
 
-    References
+    Parameters
     ----------
-    Grosse (2022), CSC2541 lecture 3 *Metrics* (pushforward of tangent vectors); Kristiadi, Dangel &
-    Hennig (2023), Sec. 2.2. Taught in chapter 1, *Vectors vs covectors*.
+    f : callable
+        A smooth map of a point (array or pytree).
+    x : array or pytree
+        The point.
+    v : array or pytree
+        The tangent vector at ``x``, structured like ``x``.
+
+    Returns
+    -------
+    array or pytree
+        :math:`J_f(x)v`, structured like ``f(x)``.
+
+    Raises
+    ------
+    GeometryError
+        If ``v`` is not structured like ``x``.
 
     Examples
     --------
@@ -566,6 +721,11 @@ def pushforward(f: Callable[[PyTree], PyTree], x: PyTree, v: PyTree) -> PyTree:
     >>> from minigeo import pushforward
     >>> pushforward(lambda w: jnp.array([w[0] * w[1]]), jnp.array([2.0, 3.0]), jnp.array([1.0, 0.0]))
     Array([3.], dtype=float32)
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (pushforward of tangent vectors); Kristiadi, Dangel &
+    Hennig (2023), Sec. 2.2. Taught in chapter 1, *Vectors vs covectors*.
     """
     check_same_structure(x, v, "the vector v", "the point x")
     return jax.jvp(f, (x,), (v,))[1]
@@ -574,13 +734,28 @@ def pushforward(f: Callable[[PyTree], PyTree], x: PyTree, v: PyTree) -> PyTree:
 def pullback_covector(f: Callable[[PyTree], PyTree], x: PyTree, omega: PyTree) -> PyTree:
     r"""Pull a covector on the outputs of ``f`` back to its inputs: :math:`f^*\omega = J_f(x)^\top \omega`.
 
-    This is backpropagation: one ``jax.vjp``.  ``omega`` must have the structure
-    of ``f(x)``.
+    .. math:: (f^*\omega)(v) = \omega(J_f(x)\,v),\qquad f^*\omega = J_f(x)^\top\omega.
 
-    References
+    This is backpropagation: one ``jax.vjp``.
+
+    Parameters
     ----------
-    Grosse (2022), CSC2541 lecture 3 *Metrics* (pullback of covectors, backpropagation); Kristiadi,
-    Dangel & Hennig (2023), Sec. 2.2. Taught in chapter 1, *Vectors vs covectors*.
+    f : callable
+        A smooth map of a point (array or pytree).
+    x : array or pytree
+        The point.
+    omega : array or pytree
+        A covector on the outputs, structured like ``f(x)``.
+
+    Returns
+    -------
+    array or pytree
+        :math:`J_f(x)^\top\omega`, structured like ``x``.
+
+    Raises
+    ------
+    GeometryError
+        If ``omega`` is not structured like ``f(x)``.
 
     Examples
     --------
@@ -588,6 +763,11 @@ def pullback_covector(f: Callable[[PyTree], PyTree], x: PyTree, omega: PyTree) -
     >>> from minigeo import pullback_covector
     >>> pullback_covector(lambda w: jnp.array([w[0] * w[1]]), jnp.array([2.0, 3.0]), jnp.array([1.0]))
     Array([3., 2.], dtype=float32)
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (pullback of covectors, backpropagation); Kristiadi,
+    Dangel & Hennig (2023), Sec. 2.2. Taught in chapter 1, *Vectors vs covectors*.
     """
     out, f_vjp = jax.vjp(f, x)
     check_same_structure(out, omega, "the covector omega", "f(x)")
@@ -600,10 +780,24 @@ def pullback_covector(f: Callable[[PyTree], PyTree], x: PyTree, omega: PyTree) -
 def pair(omega: PyTree, v: PyTree) -> jax.Array:
     r"""The action of a covector on a vector, :math:`\omega(v) = \sum_i \omega_i v^i`; invariant under reparametrization.
 
-    References
+    .. math:: \omega(v) = \omega^\top v = \hat\omega^\top\hat v.
+
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a covector acting on a vector is invariant). Taught
-    in chapter 1, *Vectors vs covectors*.
+    omega : array or pytree
+        The covector.
+    v : array or pytree
+        The vector, structured like ``omega``.
+
+    Returns
+    -------
+    jax.Array
+        The scalar :math:`\omega^\top v`.
+
+    Raises
+    ------
+    GeometryError
+        If ``v`` is not structured like ``omega``.
 
     Examples
     --------
@@ -611,6 +805,11 @@ def pair(omega: PyTree, v: PyTree) -> jax.Array:
     >>> from minigeo import pair
     >>> float(pair(jnp.array([1.0, 2.0]), jnp.array([3.0, 4.0])))
     11.0
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, Example 3(b) (a covector acting on a vector is
+    invariant). Taught in chapter 1, *Vectors vs covectors*.
     """
     check_same_structure(omega, v, "the vector v", "the covector omega")
     return tree_vdot(omega, v)
@@ -619,10 +818,26 @@ def pair(omega: PyTree, v: PyTree) -> jax.Array:
 def inner(G: MetricLike, u: PyTree, v: PyTree) -> jax.Array:
     r"""The inner product :math:`\langle u, v\rangle_G = u^\top G v` of two vectors under a metric.
 
-    References
+    .. math:: \langle u, v\rangle_G = u^\top G\, v.
+
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (the metric as an inner product on tangent spaces).
-    Taught in chapter 1, *Vectors vs covectors*.
+    G : array or callable
+        The metric: a dense symmetric ``d x d`` matrix over the flattened coordinates, or a
+        callable ``v -> G v``.
+    u, v : array or pytree
+        The two vectors, of the same structure (a list of numbers is converted to an array).
+
+    Returns
+    -------
+    jax.Array
+        The scalar :math:`u^\top G v`.
+
+    Raises
+    ------
+    GeometryError
+        If ``u`` and ``v`` differ in structure, or a dense ``G`` is not square of the right size,
+        finite and symmetric.
 
     Examples
     --------
@@ -630,6 +845,11 @@ def inner(G: MetricLike, u: PyTree, v: PyTree) -> jax.Array:
     >>> from minigeo import inner
     >>> float(inner(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 1.0]), jnp.array([1.0, 1.0])))
     5.0
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2, Example 3(c) (the metric as an inner product on
+    tangent spaces). Taught in chapter 1, *Vectors vs covectors*.
     """
     u, v = _as_array(u), _as_array(v)
     check_same_structure(u, v, "the vector v", "the vector u")
@@ -639,14 +859,26 @@ def inner(G: MetricLike, u: PyTree, v: PyTree) -> jax.Array:
 def flat(G: MetricLike, v: PyTree) -> PyTree:
     r"""Lower an index, :math:`v^\flat = G v`: the covector :math:`\langle v, \cdot\rangle_G`.
 
-    ``G`` is a dense matrix over the flattened coordinates of ``v`` (an array or a
-    nested list; it must be symmetric to round-off, else :class:`~minigeo.GeometryError`)
-    or a callable ``v -> G v``.  A list of numbers ``v`` is converted to an array.
+    .. math:: v^\flat = G\,v,\qquad v^\flat(u) = \langle v, u\rangle_G.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (index lowering by the metric). Taught in chapter 1,
-    *Vectors vs covectors*.
+    G : array or callable
+        A dense matrix over the flattened coordinates of ``v`` (an array or a nested list; it must
+        be symmetric to round-off) or a callable ``v -> G v``.
+    v : array or pytree
+        The vector (a list of numbers is converted to an array).
+
+    Returns
+    -------
+    array or pytree
+        The covector :math:`Gv`, structured like ``v``.
+
+    Raises
+    ------
+    GeometryError
+        If ``v`` is not finite, a dense ``G`` is not square of the right size, finite and symmetric,
+        or ``G v`` is not structured like ``v``.
 
     Examples
     --------
@@ -654,6 +886,11 @@ def flat(G: MetricLike, v: PyTree) -> PyTree:
     >>> from minigeo import flat
     >>> flat(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 1.0]))
     Array([1., 4.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (index lowering by the metric). Taught in chapter 1,
+    *Vectors vs covectors*.
     """
     v = _as_array(v)
     check_finite(v, "the vector v")
@@ -673,36 +910,43 @@ def sharp(
 ) -> PyTree:
     r"""Raise an index, :math:`\omega^\sharp = (G + \lambda I)^{-1}\omega`: the vector dual to a covector.
 
+    .. math:: \omega^\sharp = (G + \lambda I)^{-1}\omega,\qquad \operatorname{grad} L = G^{-1}\nabla L.
+
     Applied to the differential :math:`\nabla L` this gives the Riemannian
-    gradient :math:`G^{-1}\nabla L` (Kristiadi et al. 2023, Sec. 2.2; Grosse 2022,
-    "musical isomorphism").
+    gradient :math:`G^{-1}\nabla L`.
 
     Parameters
     ----------
-    G
+    G : array or callable
         Dense symmetric positive-definite matrix (solved by Cholesky; its
         symmetry and positive definiteness are checked eagerly, by its eigenvalues)
         or a callable ``v -> G v`` (solved by conjugate gradients, with a
-        convergence check and a curvature check :math:`p^\top G p > 0` at every step:
-        an operator found indefinite or singular raises :class:`~minigeo.GeometryError`).
-    omega
-        The covector (array, pytree, or a list of numbers).
-    damping
+        convergence check and a curvature check :math:`p^\top G p > 0` at every step).
+    omega : array or pytree
+        The covector (a list of numbers is converted to an array).
+    damping : float or jax.Array, optional
         :math:`\lambda \ge 0` added to the diagonal (the operator :math:`G + \lambda I`); use it
         for singular metrics.  A number, NumPy scalar, 0-d array or traced value.
-    tol, maxiter
-        Conjugate-gradient relative tolerance and iteration limit (matrix-free only).
-    return_info
+    tol : float, optional
+        Conjugate-gradient relative tolerance (matrix-free only).
+    maxiter : int, optional
+        Conjugate-gradient iteration limit (matrix-free only).
+    return_info : bool, optional
         If ``True``, return ``(omega_sharp, info)`` with a ``SolveInfo`` (``converged``,
         ``status``, ...; see :meth:`~minigeo.Metric.solve`), the way to check a CG solve
         under ``jit``, where nothing can be raised (a matrix found not positive definite
         then gives NaN).  The dense path reports ``converged=True``.
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 and eq. (2) (the gradient vector is the metric's
-    sharp of the differential); Grosse (2022), CSC2541 lecture 3 *Metrics*. Taught in chapter 1,
-    *Vectors vs covectors*.
+    Returns
+    -------
+    array or pytree, or tuple
+        :math:`\omega^\sharp`, structured like ``omega``; with ``return_info``, ``(omega_sharp, info)``.
+
+    Raises
+    ------
+    GeometryError
+        If ``omega`` is not finite, a dense ``G`` is not symmetric positive definite, or (eagerly) the
+        conjugate-gradient solve does not converge or finds the operator indefinite or singular.
 
     Examples
     --------
@@ -710,6 +954,11 @@ def sharp(
     >>> from minigeo import sharp
     >>> sharp(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 4.0]))
     Array([1., 1.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (the isomorphism :math:`\omega \mapsto G^{-1}\omega`;
+    grad L is :math:`G^{-1}\nabla L`); Grosse (2022), CSC2541 lecture 3 *Metrics*. Chapter 1.
     """
     omega = _as_array(omega)
     check_finite(omega, "the covector omega")

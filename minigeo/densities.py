@@ -51,15 +51,30 @@ __all__ = [
 def transform_log_density(
     log_q: Callable[[PyTree], jax.Array], phi: Reparametrization
 ) -> Callable[[PyTree], jax.Array]:
-    r"""The Lebesgue change of variables: :math:`\log q_\Psi(\psi) = \log q(\varphi^{-1}(\psi)) + \log|\det J^{-1}(\psi)|` (Kristiadi et al. 2023, eq. 10).
+    r"""The Lebesgue change of variables of a log density under :math:`\psi = \varphi(\theta)` (Kristiadi et al. 2023, eq. 10).
+
+    .. math:: \log q_\Psi(\psi) = \log q(\varphi^{-1}(\psi)) + \log\lvert\det J^{-1}(\psi)\rvert.
 
     The result integrates to one with respect to :math:`d\psi`, but its modes are
     not the images of the modes of :math:`q`.  Dense Jacobian (small models).
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.3 (change of variables of a Lebesgue density). Taught
-    in chapter 5, *Densities and volume forms*.
+    log_q : callable
+        :math:`\theta \mapsto \log q(\theta)`, a log density w.r.t. Lebesgue measure.
+    phi : :class:`~minigeo.Reparametrization`
+        The reparametrization :math:`\varphi: \theta \mapsto \psi`.
+
+    Returns
+    -------
+    callable
+        :math:`\psi \mapsto \log q_\Psi(\psi)`.
+
+    Raises
+    ------
+    GeometryError
+        When the returned function is called at a ψ outside the codomain, or where the Jacobian of
+        :math:`\varphi^{-1}` is singular or not finite.
 
     Examples
     --------
@@ -69,6 +84,11 @@ def transform_log_density(
     >>> log_q_psi = mg.transform_log_density(log_q, mg.reparam.log())
     >>> round(float(log_q_psi(jnp.array([0.0]))), 6)  # log q(1) + log e^0
     -1.0
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.3, eq. (10). Taught in chapter 5, *Densities and
+    volume forms*.
     """
 
     def log_q_psi(psi: PyTree) -> jax.Array:
@@ -80,14 +100,26 @@ def transform_log_density(
 
 
 def log_volume_element(metric_fn: Callable[[PyTree], jax.Array], x: PyTree) -> jax.Array:
-    r""":math:`\log|\det G(x)|^{1/2}`, the log density of the Riemannian volume form :math:`dV_G` w.r.t. Lebesgue.
+    r"""The log density of the Riemannian volume form :math:`dV_G` w.r.t. Lebesgue measure.
 
-    By Cholesky; raises if :math:`G(x)` is not symmetric positive definite.
+    .. math:: \log\lvert\det G(x)\rvert^{1/2} = \sum_i \log L_{ii},\qquad G(x) = LL^\top.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.3 (the Riemannian volume form). Taught in chapter 5,
-    *Densities and volume forms*.
+    metric_fn : callable or :class:`~minigeo.Metric`
+        Maps a point to its dense metric (flattened coordinates).
+    x : array or pytree
+        The point.
+
+    Returns
+    -------
+    jax.Array
+        The scalar :math:`\tfrac12\log\det G(x)`.
+
+    Raises
+    ------
+    GeometryError
+        If :math:`G(x)` is not square of the right size or not symmetric positive definite.
 
     Examples
     --------
@@ -95,6 +127,11 @@ def log_volume_element(metric_fn: Callable[[PyTree], jax.Array], x: PyTree) -> j
     >>> import minigeo as mg
     >>> round(float(mg.log_volume_element(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])), jnp.array([3.0, 0.2]))), 6)
     1.098612
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.3 (the Riemannian volume form, eq. (11)). Taught in
+    chapter 5, *Densities and volume forms*.
     """
     G = matrix_field(metric_fn)(x)
     check_square_matrix(G, tree_size(x), "metric_fn(x)")
@@ -105,16 +142,26 @@ def log_volume_element(metric_fn: Callable[[PyTree], jax.Array], x: PyTree) -> j
 def log_density_wrt_volume(
     log_q: Callable[[PyTree], jax.Array], metric_fn: Callable[[jax.Array], jax.Array]
 ) -> Callable[[jax.Array], jax.Array]:
-    r"""The density w.r.t. the Riemannian volume form, :math:`\log q^G = \log q - \tfrac12\log|\det G|` (Kristiadi et al. 2023, eq. 11).
+    r"""The density w.r.t. the Riemannian volume form (Kristiadi et al. 2023, eq. 11).
+
+    .. math:: \log q^G(\theta) = \log q(\theta) - \tfrac12\log\lvert\det G(\theta)\rvert.
 
     Transforms as a plain function: with the Lebesgue-transformed density and the
     transformed metric in :math:`\psi`, it equals the :math:`\theta` value at
     :math:`\varphi^{-1}(\psi)`; its modes are equivariant.
 
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.3 (densities w.r.t. the volume form; invariant MAP).
-    Taught in chapter 5, *Densities and volume forms*.
+    log_q : callable
+        :math:`\theta \mapsto \log q(\theta)`, a log density w.r.t. Lebesgue measure.
+    metric_fn : callable or :class:`~minigeo.Metric`
+        Maps a point to its dense metric (flattened coordinates).
+
+    Returns
+    -------
+    callable
+        :math:`\theta \mapsto \log q^G(\theta)`; calling it raises :class:`~minigeo.GeometryError`
+        where :math:`G` is not symmetric positive definite.
 
     Examples
     --------
@@ -124,6 +171,11 @@ def log_density_wrt_volume(
     >>> jeffreys = lambda t: -0.5 * jnp.log(t[0] * (1 - t[0])) - jnp.log(jnp.pi)
     >>> round(float(mg.log_density_wrt_volume(jeffreys, fisher)(jnp.array([0.3]))), 6)  # uniform: 1 / pi
     -1.14473
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.3, eq. (11) (densities w.r.t. the volume form; invariant
+    MAP). Taught in chapter 5, *Densities and volume forms*.
     """
     return lambda x: log_q(x) - log_volume_element(metric_fn, x)
 
@@ -139,15 +191,46 @@ def logdet_slq(
 ) -> tuple[jax.Array, jax.Array]:
     r"""Stochastic Lanczos quadrature estimate of :math:`\log\det A` for a symmetric positive-definite operator.
 
-    :math:`\log\det A = \mathrm{tr}\log A = \mathbb E_z[z^\top \log(A) z]`; for each Rademacher
-    probe, ``num_iterations`` Lanczos steps give a Gauss quadrature
-    :math:`z^\top\log(A)z \approx |z|^2\sum_k \tau_k^2\log\lambda_k` (Ubaru, Chen & Saad 2017).
-    Probes are ``jax.random.rademacher(key, (num_probes, dim))``, vectorised with ``vmap``.
-    Returns ``(estimate, standard_error)``.
+    .. math::
 
+        \log\det A = \mathrm{tr}\log A = \mathbb E_z[z^\top \log(A) z],\qquad
+        z^\top\log(A)z \approx \lVert z\rVert^2\sum_k \tau_k^2\log\lambda_k,
+
+    with Ritz values :math:`\lambda_k` and first components :math:`\tau_k` of the Lanczos
+    eigenvectors (Ubaru, Chen & Saad 2017).  Probes are
+    ``jax.random.rademacher(key, (num_probes, dim))``, vectorised with ``vmap``.
+
+    Parameters
+    ----------
+    matvec : callable
+        :math:`v \mapsto Av` on 1-D arrays of length ``dim``.
+    dim : int
+        The dimension :math:`d`.
+    key : jax.Array
+        PRNG key for the probes.
+    num_probes : int, optional
+        Number of Rademacher probes (Hutchinson samples).
+    num_iterations : int, optional
+        Lanczos steps per probe (capped at ``dim``).
+    dtype : dtype, optional
+        Probe dtype (default: JAX's default float).
+
+    Returns
+    -------
+    tuple of jax.Array
+        ``(estimate, standard_error)`` over the probes.
+
+    Raises
+    ------
+    GeometryError
+        If ``num_probes``, ``dim`` or ``num_iterations`` is not a positive int, or (eagerly) the
+        operator is found singular or indefinite (see Notes).
+
+    Notes
+    -----
     Exactness: the quadrature is exact for a probe when :math:`A` has at most
     ``num_iterations`` distinct eigenvalues.  Lanczos detects the breakdown of the
-    Krylov space and restarts (see ``lanczos_tridiagonal``), so :math:`cI` gives exactly
+    Krylov space and restarts, so :math:`cI` gives exactly
     :math:`d\log c` (the Krylov space is invariant after one step), and
     :math:`I + UU^\top` of rank :math:`r` gives every probe's :math:`z^\top\log(A)z`
     exactly once ``num_iterations`` :math:`\ge r + 1`; what remains is the Hutchinson
@@ -158,11 +241,6 @@ def logdet_slq(
     machine epsilon) shows a singular or indefinite operator.  Eagerly this raises
     :class:`~minigeo.GeometryError`; under ``jit`` (no exception possible) the estimate is
     **NaN** (and so is its standard error), never a finite wrong number.
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 4.2 (log-determinant in the Laplace evidence), by
-    stochastic Lanczos quadrature. Taught in chapter 5, *Densities and volume forms*.
 
     Examples
     --------
@@ -175,6 +253,11 @@ def logdet_slq(
     >>> est, se = mg.logdet_slq(lambda v: 3.0 * v, 10, jax.random.PRNGKey(0))   # 3 I: exactly 10 log 3
     >>> round(float(est), 4), round(10 * float(jnp.log(3.0)), 4)
     (10.9861, 10.9861)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 4.2, eq. (14) (the log-determinant in the Laplace
+    evidence), by stochastic Lanczos quadrature. Taught in chapter 5, *Densities and volume forms*.
     """
     if not (isinstance(num_probes, int) and num_probes >= 1):
         raise GeometryError(f"logdet_slq: num_probes must be a positive int, got {num_probes!r}.")
@@ -210,25 +293,22 @@ _compiled_slq_probes = jit_per_callable(_slq_probes, static_argnames=("num_probe
 class LaplaceEvidence(NamedTuple):
     r"""The Laplace log evidence and its parts: ``log_z = -neg_log_joint + rest``.
 
+    .. math:: \log Z = -\mathcal L(\theta^*) + \tfrac d2\log 2\pi - \tfrac12\log\det H + \tfrac12\log\det G.
+
     Attributes
     ----------
-    log_z
+    log_z : jax.Array
         :math:`-\mathcal L(\theta^*) + \frac d2\log 2\pi - \frac12\log\det H + \frac12\log\det G`.
-    neg_log_joint
+    neg_log_joint : jax.Array
         :math:`\mathcal L(\theta^*)`.
-    rest
+    rest : jax.Array
         Everything else (the log normalizer of the Gaussian, with the metric correction).
-    logdet
+    logdet : jax.Array
         :math:`\log\det H - \log\det G` used (``log det`` of the endomorphism :math:`G^{-1}H`).
-    logdet_se
+    logdet_se : jax.Array
         Its standard error (0 for dense computations).
-    num_params
+    num_params : int
         :math:`d`.
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 4.2; MacKay (1992). Taught in chapter 5, *Densities and
-    volume forms*.
 
     Examples
     --------
@@ -239,6 +319,11 @@ class LaplaceEvidence(NamedTuple):
     (1.837877..., 1.837877...)
     >>> ev.num_params
     2
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 4.2, eq. (14) and Table 1 (the split into
+    :math:`-\mathcal L` and "Rest"); MacKay (1992). Taught in chapter 5, *Densities and volume forms*.
     """
 
     log_z: jax.Array
@@ -272,40 +357,48 @@ def laplace_log_marginal_likelihood(
 
     Parameters
     ----------
-    neg_log_joint
+    neg_log_joint : callable
         :math:`\mathcal L(\theta) = -\log p(\mathcal D\mid\theta) - \log p(\theta)` (up to the constant you want in :math:`Z`).
-    params
-        The MAP estimate :math:`\theta^*` (a pytree).
-    curvature
+    params : array or pytree
+        The MAP estimate :math:`\theta^*`.
+    curvature : :class:`~minigeo.Metric`, optional
         ``None``: the exact Hessian of ``neg_log_joint``; or a :class:`~minigeo.Metric`
         such as ``mg.ggn(model, nll)``, positive definite even away from a strict minimum.
-    prior_precision
+    prior_precision : float, optional
         Added to the diagonal of the curvature (the Hessian of an isotropic Gaussian
         prior when ``curvature`` is a GGN of the likelihood alone).
-    metric
+    metric : callable or :class:`~minigeo.Metric`, optional
         ``params -> G`` (dense, flattened coordinates) or a :class:`~minigeo.Metric`: evaluate the evidence w.r.t. the Riemannian
         volume form :math:`dV_G`, i.e. use :math:`\log\det(G^{-1}H)`.  With the metric
         transformed along with the parameters, the result is reparametrization-invariant.
-    reparametrization
+    reparametrization : :class:`~minigeo.Reparametrization` or :class:`~minigeo.WeightNorm`, optional
         If ``params`` are coordinates :math:`\psi` of a model whose original coordinates
         are :math:`\theta`, given as a :class:`~minigeo.Reparametrization`
-        (:math:`\theta \mapsto \psi`) or a :class:`WeightNorm`, the evidence is computed in
+        (:math:`\theta \mapsto \psi`) or a :class:`~minigeo.WeightNorm`, the evidence is computed in
         :math:`\theta` (Kristiadi et al. 2023, App. B.2): the curvature is the :math:`\theta`-one,
         whatever the number of :math:`\psi` coordinates.
-    method
+    method : {"dense", "slq"}, optional
         ``"dense"`` (Cholesky/``slogdet``) or ``"slq"`` (stochastic Lanczos quadrature,
         matrix-free; needs ``key``).
+    key : jax.Array, optional
+        PRNG key for ``method="slq"``.
+    num_probes, num_iterations : int, optional
+        Passed to :func:`~minigeo.logdet_slq` (``method="slq"`` only).
+    max_size : int, optional
+        Largest number of parameters for which a dense curvature is formed.
+
+    Returns
+    -------
+    :class:`~minigeo.LaplaceEvidence`
+        ``log_z`` and its parts.
 
     Raises
     ------
     GeometryError
         If the curvature is not positive definite (not a strict minimum): use a GGN
-        curvature or add ``prior_precision``.
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 4.2 and Table 1; MacKay (1992). Taught in chapter 5,
-    *Densities and volume forms*.
+        curvature or add ``prior_precision``.  Also for an unknown ``method`` or
+        ``reparametrization`` type, ``method="slq"`` without ``key``, or a dense curvature
+        larger than ``max_size``.
 
     Examples
     --------
@@ -315,6 +408,11 @@ def laplace_log_marginal_likelihood(
     >>> ev = mg.laplace_log_marginal_likelihood(L, jnp.zeros(2))
     >>> round(float(ev.log_z), 4), round(float(jnp.log(2 * jnp.pi * 2.0)), 4)   # exact: log(2 pi sqrt(1 * 4))
     (2.531, 2.531)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 4.2, eq. (14) (signs corrected, see the module notes) and
+    Table 1; MacKay (1992). Taught in chapter 5, *Densities and volume forms*.
     """
     if reparametrization is not None:
         if isinstance(reparametrization, Reparametrization):
@@ -399,25 +497,31 @@ def _check_nonzero_columns(norm: jax.Array, key: str, what: str) -> None:
 class WeightNorm(NamedTuple):
     r"""Weight normalization :math:`W = r\,\eta/\lVert\eta\rVert` of chosen dense-layer weights in a parameter pytree.
 
+    .. math:: \theta = r\,\eta,\qquad r = \lVert W\rVert,\quad \eta = W/\lVert W\rVert \in S^{d-1}\ \text{(per unit)}.
+
     Each listed leaf ``W`` (a dict key of the top-level pytree) with units along
     ``axis`` = -1 becomes ``{"r": r, "eta": eta}``: one length :math:`r` per unit and
-    a direction :math:`\eta` with the shape of ``W`` (norm over the fan-in axes).  It
-    adds one coordinate per unit without adding degrees of freedom (Salimans &
-    Kingma 2016; Kristiadi et al. 2023, Example 1(b)), so it is not a :class:`Reparametrization`
-    in the strict sense.
+    a direction :math:`\eta` with the shape of ``W`` (norm over the fan-in axes).  Use
+    :meth:`split` (:math:`\theta \to \psi`, unit-norm :math:`\eta`) and :meth:`merge`
+    (:math:`\psi \to \theta`).
 
-    Use :meth:`split` (:math:`\theta \to \psi`, with unit-norm :math:`\eta`, as in Kristiadi et al.'s (2023)
-    :math:`\theta = r\eta`, :math:`\eta \in S^{d-1}`) and
-    :meth:`merge` (:math:`\psi \to \theta`).
-
-    A unit whose weight column (or direction :math:`\eta`) is zero has no direction:
-    :meth:`split` and :meth:`merge` raise :class:`~minigeo.GeometryError` for it when the
-    values are concrete (under ``jit`` the check cannot run and the result is NaN).
-
-    References
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Example 1(b) and Sec. 4.2 (Table 1); Salimans & Kingma
-    (2016). Taught in chapter 5, *Densities and volume forms*.
+    keys : sequence of str
+        The top-level keys of the weights to normalize (build it with :func:`~minigeo.weight_norm`).
+
+    Raises
+    ------
+    GeometryError
+        From :meth:`split` if a key is missing or a weight is a scalar; from :meth:`split` and
+        :meth:`merge` for a unit whose weight column (or direction :math:`\eta`) is zero, when the
+        values are concrete (under ``jit`` the check cannot run and the result is NaN).
+
+    Notes
+    -----
+    It adds one coordinate per unit without adding degrees of freedom (Salimans & Kingma 2016;
+    Kristiadi et al. 2023, Example 1(b)), so it is not a :class:`~minigeo.Reparametrization`
+    in the strict sense.
 
     Examples
     --------
@@ -429,6 +533,11 @@ class WeightNorm(NamedTuple):
     ([5.0], [0.6..., 0.8...])
     >>> bool(jnp.allclose(wn.merge(psi)["W"], jnp.array([[3.0], [4.0]])))
     True
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Example 1(b) and Sec. 4.2 (Table 1); Salimans & Kingma
+    (2016). Taught in chapter 5, *Densities and volume forms*.
     """
 
     keys: Sequence[str]
@@ -462,12 +571,24 @@ class WeightNorm(NamedTuple):
 
 
 def weight_norm(keys: Union[str, Sequence[str]]) -> WeightNorm:
-    r"""A :class:`WeightNorm` for the given top-level keys of a parameter dict.
+    r"""A :class:`~minigeo.WeightNorm` for the given top-level keys of a parameter dict.
 
-    References
+    .. math:: W = r\,\eta/\lVert\eta\rVert\quad\text{for each listed weight } W.
+
+    Parameters
     ----------
-    Kristiadi, Dangel & Hennig (2023), Example 1(b); Salimans & Kingma (2016). Taught in chapter 5,
-    *Densities and volume forms*.
+    keys : str or sequence of str
+        One key or several keys of the weights to normalize.
+
+    Returns
+    -------
+    :class:`~minigeo.WeightNorm`
+        With ``split`` (:math:`\theta \to \psi`) and ``merge`` (:math:`\psi \to \theta`).
+
+    Raises
+    ------
+    GeometryError
+        If ``keys`` is empty.
 
     Examples
     --------
@@ -478,6 +599,11 @@ def weight_norm(keys: Union[str, Sequence[str]]) -> WeightNorm:
     >>> psi = wn.split(theta)
     >>> float(psi["W"]["r"][0]), bool(jnp.allclose(wn.merge(psi)["W"], theta["W"]))
     (5.0, True)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Example 1(b); Salimans & Kingma (2016). Taught in chapter 5,
+    *Densities and volume forms*.
     """
     keys = [keys] if isinstance(keys, str) else list(keys)
     if not keys:

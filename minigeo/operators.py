@@ -49,21 +49,24 @@ BatchSource = Union[Iterable[Batch], Callable[[], Iterable[Batch]]]
 # batches and progress bars
 # ---------------------------------------------------------------------------
 class Batches(Sequence):
-    """An in-memory dataset cut into consecutive batches; re-iterable, with a length.
+    r"""An in-memory dataset cut into consecutive batches; re-iterable, with a length.
+
+    No formula: batch :math:`i` holds examples ``i * batch_size`` to ``(i + 1) * batch_size - 1``.
 
     Parameters
     ----------
-    data
+    data : pytree of arrays
         A pytree of arrays with a common leading example axis, e.g. ``(inputs, labels)``.
-    batch_size
+    batch_size : int
         Examples per batch; the last batch holds the remainder unless ``drop_remainder``.
-    drop_remainder
+    drop_remainder : bool, optional
         Drop the last, smaller batch (one compiled program instead of two).
 
-    References
-    ----------
-    No formula from the source papers: the data side of :class:`CurvatureOperator`. Taught in
-    chapter 4, *Invariant Hessians*.
+    Raises
+    ------
+    GeometryError
+        If ``data`` has no arrays with a leading axis, the arrays disagree on the number of
+        examples, ``batch_size`` is not a positive int, or no batch remains.
 
     Examples
     --------
@@ -72,6 +75,11 @@ class Batches(Sequence):
     >>> b = mg.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 4)
     >>> len(b), [x.shape[0] for x, _ in b]
     (3, [4, 4, 2])
+
+    References
+    ----------
+    No formula from the source papers: the data side of :class:`~minigeo.CurvatureOperator`.
+    Taught in chapter 4, *Invariant Hessians*.
     """
 
     def __init__(self, data: PyTree, batch_size: int, drop_remainder: bool = False) -> None:
@@ -107,20 +115,22 @@ class Batches(Sequence):
 
 
 def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -> Batches:
-    """Cut an in-memory dataset into consecutive batches (see :class:`Batches`).
+    r"""Cut an in-memory dataset into consecutive batches (see :class:`~minigeo.Batches`).
+
+    No formula: batch :math:`i` holds examples ``i * batch_size`` to ``(i + 1) * batch_size - 1``.
 
     Parameters
     ----------
-    data
+    data : pytree of arrays
         A pytree of arrays with a common leading example axis.
-    batch_size
+    batch_size : int
         Examples per batch.
-    drop_remainder
+    drop_remainder : bool, optional
         Drop the last, smaller batch.
 
     Returns
     -------
-    Batches
+    :class:`~minigeo.Batches`
         A re-iterable sequence of batches (pytrees like ``data``).
 
     Raises
@@ -128,17 +138,17 @@ def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -
     GeometryError
         If the arrays disagree on the number of examples or ``batch_size`` is not positive.
 
-    References
-    ----------
-    No formula from the source papers: the data side of :class:`CurvatureOperator`. Taught in
-    chapter 4, *Invariant Hessians*.
-
     Examples
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> [int(x.sum()) for x in mg.batches_of(jnp.arange(5), 2)]
     [1, 5, 4]
+
+    References
+    ----------
+    No formula from the source papers: the data side of :class:`~minigeo.CurvatureOperator`.
+    Taught in chapter 4, *Invariant Hessians*.
     """
     return Batches(data, batch_size, drop_remainder)
 
@@ -192,32 +202,34 @@ def _num_examples(batch: Batch, who: str) -> int:
 class CurvatureOperator:
     r"""A curvature matrix of a loss averaged over a dataset, applied batch by batch.
 
-    Build it with :func:`hessian_operator`, :func:`ggn_operator`, :func:`fisher_operator`
-    or :func:`empirical_fisher_operator`.  Its per-batch products are compiled once per
-    operator (and per batch shape), with the parameters and the batch as arguments, so
-    neither a new batch nor :meth:`at` new parameters recompiles.
-
     .. math:: M v = \frac{\sum_b n_b\, M_b v}{\sum_b n_b},
 
     :math:`M_b` the matrix of batch :math:`b` (its loss a mean over its :math:`n_b`
-    examples).  The invariant endomorphism :math:`G^{-1}M` enters through the ``metric``
-    argument of :meth:`trace_estimate` and :meth:`top_eigenvalues` (``None``, a positive
-    diagonal pytree, or a :class:`~minigeo.Metric`, e.g. another operator's
-    :meth:`as_metric` on a fixed batch).
+    examples).  Build it with :func:`~minigeo.hessian_operator`, :func:`~minigeo.ggn_operator`,
+    :func:`~minigeo.fisher_operator` or :func:`~minigeo.empirical_fisher_operator`.
 
     Parameters
     ----------
-    batch_mv
+    batch_mv : callable
         ``batch_mv(params, v, batch)``, the product :math:`M_b v` on one batch.
-    params
+    params : pytree
         The point :math:`\theta` (a pytree of floating arrays).
-    name
+    name : str
         Shown in messages and progress bars.
 
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1; Grosse (2022), CSC2541 lecture 3 (the GGN and
-    Fisher as dataset averages). Taught in chapter 4, *Invariant Hessians*.
+    Raises
+    ------
+    GeometryError
+        If ``batch_mv`` is not callable, or ``params`` is empty, integer or not finite.
+
+    Notes
+    -----
+    Its per-batch products are compiled once per operator (and per batch shape), with the
+    parameters and the batch as arguments, so neither a new batch nor :meth:`at` new
+    parameters recompiles.  The invariant endomorphism :math:`G^{-1}M` enters through the
+    ``metric`` argument of :meth:`trace_estimate` and :meth:`top_eigenvalues` (``None``, a
+    positive diagonal pytree, or a :class:`~minigeo.Metric`, e.g. another operator's
+    :meth:`as_metric` on a fixed batch).
 
     Examples
     --------
@@ -227,6 +239,11 @@ class CurvatureOperator:
     >>> H = mg.hessian_operator(lambda w, b: jnp.mean((b[0] @ w - b[1]) ** 2), jnp.zeros(4))
     >>> H.dataset_mv(jnp.ones(4), mg.batches_of((X, y), 2))   # 2 X^T X / N = I / 2
     Array([0.5, 0.5, 0.5, 0.5], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), eqs. (3) and (5) (GGN/Fisher and Hessian of the dataset loss);
+    Grosse (2022), CSC2541 lecture 3. Taught in chapter 4, *Invariant Hessians*.
     """
 
     def __init__(self, batch_mv: Callable[[PyTree, PyTree, Batch], PyTree], params: PyTree, name: str) -> None:
@@ -239,7 +256,37 @@ class CurvatureOperator:
         self._terms = jax.jit(_probe_terms(batch_mv), static_argnames="batched")
 
     def at(self, params: PyTree) -> "CurvatureOperator":
-        """The same operator at other parameters (same structure), reusing the compiled programs."""
+        r"""The same operator at other parameters (same structure), reusing the compiled programs.
+
+        .. math:: M \mapsto M(\theta') .
+
+        Parameters
+        ----------
+        params : pytree
+            The new point :math:`\theta'`, structured like the operator's ``params``.
+
+        Returns
+        -------
+        :class:`~minigeo.CurvatureOperator`
+            A new operator; this one is unchanged.
+
+        Raises
+        ------
+        GeometryError
+            If ``params`` differs in structure or is not finite.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> H = mg.hessian_operator(lambda w, x: jnp.mean(jnp.sum(x * w ** 3, axis=1)), jnp.ones(2))
+        >>> H.at(2 * jnp.ones(2)).dataset_mv(jnp.ones(2), [jnp.ones((1, 2))])   # 6 w
+        Array([12., 12.], dtype=float32)
+
+        References
+        ----------
+        No formula from the source papers. Taught in chapter 4, *Invariant Hessians*.
+        """
         check_same_structure(self.params, params, "params", "the operator's params")
         new = object.__new__(CurvatureOperator)
         new.__dict__.update(self.__dict__)
@@ -252,15 +299,83 @@ class CurvatureOperator:
 
     # -- products -------------------------------------------------------------
     def mv(self, v: PyTree, batch: Batch) -> PyTree:
-        """:math:`M_b v` on one batch (compiled once per batch shape)."""
+        r"""The product with one batch's matrix, compiled once per batch shape.
+
+        .. math:: v \mapsto M_b v.
+
+        Parameters
+        ----------
+        v : pytree
+            A tangent vector, structured like ``params``.
+        batch : pytree
+            One batch (arrays with a leading example axis).
+
+        Returns
+        -------
+        pytree
+            :math:`M_b v`, structured like ``params``.
+
+        Raises
+        ------
+        GeometryError
+            If ``v`` differs in structure from ``params`` or the batch is empty or has no example axis.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
+        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> H.mv(jnp.ones(3), X)   # diag(1, 4, 9)
+        Array([1., 4., 9.], dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), eqs. (3) and (5), on one batch. Taught in chapter 4,
+        *Invariant Hessians*.
+        """
         check_same_structure(self.params, v, "v", "params")
         _num_examples(batch, self.name)
         return self._mv(self.params, v, batch)
 
     def dataset_mv(self, v: PyTree, batches: BatchSource, *, progress: Any = False) -> PyTree:
-        r""":math:`Mv = \sum_b n_b M_b v / \sum_b n_b` over one pass of ``batches``.
+        r"""The product with the dataset matrix, over one pass of ``batches``.
 
-        ``batches`` is an iterable of batches, or a function returning one.
+        .. math:: Mv = \frac{\sum_b n_b M_b v}{\sum_b n_b}.
+
+        Parameters
+        ----------
+        v : pytree
+            A tangent vector, structured like ``params``.
+        batches : iterable or callable
+            An iterable of batches, or a function returning one.
+        progress : bool or tqdm-like class, optional
+            Show a progress bar.
+
+        Returns
+        -------
+        pytree
+            :math:`Mv`, structured like ``params``.
+
+        Raises
+        ------
+        GeometryError
+            If ``v`` differs in structure, there are no batches, a batch is empty, or the product is
+            not finite.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
+        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> H.dataset_mv(jnp.ones(3), mg.batches_of(X, 2))   # (2 * 1.5 diag(1, 4, 0) + 1 * 3 diag(0, 0, 9)) / 3
+        Array([1., 4., 9.], dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), eqs. (3) and (5) (the dataset loss). Taught in chapter 4,
+        *Invariant Hessians*.
         """
         check_same_structure(self.params, v, "v", "params")
         total, n = None, 0
@@ -276,7 +391,40 @@ class CurvatureOperator:
         return out
 
     def as_metric(self, batch: Batch) -> Metric:
-        """This operator on one fixed batch, as a :class:`~minigeo.Metric` (e.g. the metric of :meth:`trace_estimate`)."""
+        r"""This operator on one fixed batch, as a :class:`~minigeo.Metric` (e.g. the metric of :meth:`trace_estimate`).
+
+        .. math:: G(\theta)\,v = M_b(\theta)\,v.
+
+        Parameters
+        ----------
+        batch : pytree
+            The fixed batch.
+
+        Returns
+        -------
+        :class:`~minigeo.Metric`
+            With ``mv(params, v)`` the product :math:`M_b v`.
+
+        Raises
+        ------
+        GeometryError
+            If the batch is empty or has no example axis.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
+        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> G = H.as_metric(X)
+        >>> G.mv(jnp.zeros(3), jnp.ones(3))
+        Array([1., 4., 9.], dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 3.4 (curvature matrices as metrics). Taught in chapter 4,
+        *Invariant Hessians*.
+        """
         _num_examples(batch, self.name)
         return Metric(lambda params, v: self._mv(params, v, batch), f"{self.name} (one batch)")
 
@@ -295,12 +443,57 @@ class CurvatureOperator:
     ) -> tuple[jax.Array, jax.Array]:
         r"""Hutchinson estimate of :math:`\mathrm{tr}(G^{-1}M)` over the dataset, in **one** pass.
 
-        The probes :math:`z_p` (Rademacher, drawn with ``key``) and :math:`u_p = G^{-1}z_p`
+        .. math:: \mathrm{tr}(G^{-1}M) \approx \frac1P\sum_{p=1}^P u_p^\top M z_p,\qquad u_p = G^{-1}z_p.
+
+        The probes :math:`z_p` (Rademacher, drawn with ``key``) and :math:`u_p`
         are fixed before the pass; each batch adds :math:`n_b\,u_p^\top M_b z_p` for all
         probes at once.  The probes are the ones :func:`~minigeo.trace_estimate` draws
         with the same key, so for the Hessian on one batch both agree to rounding.
-        Returns ``(estimate, standard_error)``; the error is the probes' standard
-        deviation over :math:`\sqrt{\text{probes}}` (the data enter exactly).
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key for the probes.
+        batches : iterable or callable
+            An iterable of batches, or a function returning one.
+        metric : pytree or :class:`~minigeo.Metric`, optional
+            ``None`` (Euclidean), a positive diagonal pytree, or a :class:`~minigeo.Metric`.
+        num_probes : int, optional
+            Number of probes :math:`P`.
+        batched : {"vmap", "map"}, optional
+            Push the probes through a batch together (``vmap``) or one by one (``map``, less memory).
+        tol, maxiter : optional
+            Conjugate-gradient tolerance and iteration limit for a matrix-free ``metric``.
+        progress : bool or tqdm-like class, optional
+            Show a progress bar.
+
+        Returns
+        -------
+        tuple of jax.Array
+            ``(estimate, standard_error)``; the error is the probes' standard deviation over
+            :math:`\sqrt P` (the data enter exactly).
+
+        Raises
+        ------
+        GeometryError
+            If ``num_probes`` is not a positive int, ``batched`` is unknown, there are no batches, or
+            the products are not finite.
+
+        Examples
+        --------
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
+        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> est, se = H.trace_estimate(jax.random.PRNGKey(0), [X])   # Rademacher, diagonal: exact
+        >>> float(est)
+        14.0
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), App. A.2 (the Riemannian trace :math:`\mathrm{tr}(G^{-1}H)`).
+        Taught in chapter 4, *Invariant Hessians*.
         """
         if not (isinstance(num_probes, int) and num_probes >= 1):
             raise GeometryError(f"trace_estimate: num_probes must be a positive int, got {num_probes!r}.")
@@ -336,14 +529,59 @@ class CurvatureOperator:
     ) -> jax.Array:
         r"""The ``k`` largest eigenvalues of :math:`G^{-1}M` over the dataset, by Lanczos.
 
+        .. math:: G^{-1}M\,u = \lambda u,\qquad \lambda_1 \ge \dots \ge \lambda_k.
+
         The recurrence, reorthogonalization and breakdown restarts of
         :func:`~minigeo.top_eigenvalues` (same start vector for the same key), with one pass
         over the data per iteration and the ``num_iterations x d`` Krylov basis in host
         memory: the device holds a few vectors of size ``d``, the host ``m d`` numbers
-        (``2 m d`` with a metric).  ``batches`` must allow several passes (a list,
-        :func:`batches_of`, or a function returning a fresh iterator).  Values are certified
-        to ``rtol`` as in :func:`~minigeo.top_eigenvalues` (``num_iterations=None`` grows the
-        iteration count by 1.5x until they are; an uncertified value raises).
+        (``2 m d`` with a metric).
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key for the start vector.
+        batches : iterable or callable
+            Must allow several passes: a list, :func:`~minigeo.batches_of`, or a function returning a
+            fresh iterator.
+        k : int, optional
+            Number of eigenvalues.
+        metric : pytree or :class:`~minigeo.Metric`, optional
+            ``None`` (Euclidean), a positive diagonal pytree, or a :class:`~minigeo.Metric`.
+        num_iterations : int, optional
+            Lanczos iterations; ``None`` grows the count by 1.5x until the values are certified.
+        rtol : float, optional
+            Certification tolerance, as in :func:`~minigeo.top_eigenvalues`.
+        tol, maxiter : optional
+            Conjugate-gradient tolerance and iteration limit for a matrix-free ``metric``.
+        progress : bool or tqdm-like class, optional
+            Show a progress bar.
+
+        Returns
+        -------
+        jax.Array
+            The ``k`` largest eigenvalues, in decreasing order.
+
+        Raises
+        ------
+        GeometryError
+            If ``batches`` is a one-shot iterator, a value cannot be certified to ``rtol``, or the
+            products are not finite.
+
+        Examples
+        --------
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
+        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> H.top_eigenvalues(jax.random.PRNGKey(0), [X], k=2).round(4)
+        Array([9., 4.], dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A.3 (eigenvalues of :math:`E = G^{-1}H`
+        are invariant). Taught in chapter 4, *Invariant Hessians*.
         """
         fresh = _many_passes(batches, "top_eigenvalues")
         d = tree_size(self.params)
@@ -370,11 +608,53 @@ class CurvatureOperator:
     ) -> tuple[jax.Array, jax.Array]:
         r"""Stochastic Lanczos quadrature of :math:`\log\det(M + \lambda I)` over the dataset.
 
+        .. math:: \log\det(M + \lambda I) = \mathbb E_z\big[z^\top\log(M + \lambda I)\,z\big].
+
         The estimator of :func:`~minigeo.logdet_slq` (the same Rademacher probes and restart
         vectors for the same key, so on one batch both agree to rounding), with the
-        offloaded Lanczos: ``num_probes x num_iterations`` passes over the data.  ``damping``
-        :math:`\lambda \ge 0` is, e.g., the prior precision of the Laplace evidence.  A
-        singular or indefinite operator raises.  Returns ``(estimate, standard_error)``.
+        offloaded Lanczos: ``num_probes x num_iterations`` passes over the data.
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key for the probes.
+        batches : iterable or callable
+            Must allow several passes (see :meth:`top_eigenvalues`).
+        damping : float, optional
+            :math:`\lambda \ge 0`, e.g. the prior precision of the Laplace evidence.
+        num_probes : int, optional
+            Number of Rademacher probes.
+        num_iterations : int, optional
+            Lanczos steps per probe (capped at ``d``).
+        progress : bool or tqdm-like class, optional
+            Show a progress bar.
+
+        Returns
+        -------
+        tuple of jax.Array
+            ``(estimate, standard_error)``.
+
+        Raises
+        ------
+        GeometryError
+            If ``num_probes`` or ``num_iterations`` is not a positive int, ``damping`` is invalid,
+            ``batches`` is a one-shot iterator, or the operator is singular or indefinite.
+
+        Examples
+        --------
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
+        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> est, se = H.logdet_slq(jax.random.PRNGKey(0), [X], num_iterations=3)
+        >>> round(float(est), 4), round(float(jnp.log(36.0)), 4)   # det diag(1, 4, 9) = 36
+        (3.5835, 3.5835)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 4.2, eq. (14) (the log-determinant of the Laplace
+        evidence). Taught in chapter 5, *Densities and volume forms*.
         """
         if not (isinstance(num_probes, int) and num_probes >= 1):
             raise GeometryError(f"logdet_slq: num_probes must be a positive int, got {num_probes!r}.")
@@ -422,29 +702,26 @@ def _split(batch: Batch, who: str) -> tuple[Any, Any]:
 
 
 def hessian_operator(loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTree) -> CurvatureOperator:
-    r"""The Hessian :math:`H = \nabla^2_\theta \frac1N\sum_n \ell_n` of a loss over a dataset.
+    r"""The Hessian of a loss over a dataset, applied batch by batch.
+
+    .. math:: H = \nabla^2_\theta \frac1N\sum_n \ell_n(\theta).
 
     Parameters
     ----------
-    loss_fn
+    loss_fn : callable
         ``loss_fn(params, batch)``, the **mean** loss over the batch (any pytree batch).
-    params
+    params : pytree
         The point.
 
     Returns
     -------
-    CurvatureOperator
+    :class:`~minigeo.CurvatureOperator`
         Products by forward-over-reverse differentiation (:func:`~minigeo.hvp`), one batch at a time.
 
     Raises
     ------
     GeometryError
         If ``params`` is empty, integer or not finite.
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian as a bilinear form). Taught in
-    chapter 4, *Invariant Hessians*.
 
     Examples
     --------
@@ -454,6 +731,11 @@ def hessian_operator(loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTr
     >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean((x @ w) ** 2), jnp.zeros(2))
     >>> H.dataset_mv(jnp.array([1.0, 0.0]), mg.batches_of(X, 4)), (X.T @ X / 6)[:, 0]
     (Array([36.666668, 41.666668], dtype=float32), Array([36.666668, 41.666668], dtype=float32))
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (5) (the Hessian as a bilinear form). Taught in
+    chapter 4, *Invariant Hessians*.
     """
     return CurvatureOperator(lambda p, v, batch: hvp(lambda q: loss_fn(q, batch), p, v), params, "Hessian")
 
@@ -463,31 +745,28 @@ def ggn_operator(
     loss_fn: Callable[[jax.Array, Any], jax.Array],
     params: PyTree,
 ) -> CurvatureOperator:
-    r"""The generalized Gauss-Newton matrix :math:`\frac1N\sum_n J_n^\top \nabla^2_z\ell_n\, J_n` over a dataset.
+    r"""The generalized Gauss-Newton matrix of a model and loss over a dataset.
+
+    .. math:: \mathrm{GGN} = \frac1N\sum_n J_n^\top\, \nabla^2_z\ell_n\, J_n,\qquad J_n = \partial z_n/\partial\theta.
 
     Parameters
     ----------
-    model_fn
+    model_fn : callable
         ``model_fn(params, inputs) -> z``, outputs with a leading example axis.
-    loss_fn
+    loss_fn : callable
         ``loss_fn(z, targets)``, the **mean** loss over the batch.
-    params
+    params : pytree
         The point.
 
     Returns
     -------
-    CurvatureOperator
-        Batches are pairs ``(inputs, targets)``; products as :func:`minigeo.ggn`.
+    :class:`~minigeo.CurvatureOperator`
+        Batches are pairs ``(inputs, targets)``; products as :func:`~minigeo.ggn`.
 
     Raises
     ------
     GeometryError
         If a batch is not a pair, or ``params`` is empty, integer or not finite.
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.4; Grosse (2022), CSC2541 lecture 3 (the GGN). Taught in
-    chapter 2, *Pullback metrics*.
 
     Examples
     --------
@@ -497,6 +776,11 @@ def ggn_operator(
     >>> G = mg.ggn_operator(lambda w, x: x @ w, lambda z, t: jnp.mean((z - t) ** 2), jnp.ones(3))
     >>> G.dataset_mv(jnp.ones(3), mg.batches_of((X, y), 2))   # 2 X^T X / N
     Array([0.6666667, 0.6666667, 0.6666667], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), eq. (3) and Sec. 3.4; Grosse (2022), CSC2541 lecture 3
+    (connection to the Gauss-Newton Hessian). Taught in chapter 2, *Pullback metrics*.
     """
 
     def mv(p, v, batch):
@@ -511,34 +795,31 @@ def fisher_operator(
     params: PyTree,
     likelihood: Union[str, Likelihood] = "categorical",
 ) -> CurvatureOperator:
-    r"""The Fisher information :math:`\frac1N\sum_n J_n^\top\,\mathbb E_{t\sim p(\cdot\mid z_n)}[g g^\top]\,J_n` over a dataset.
+    r"""The Fisher information of a model's predictive distribution over a dataset.
+
+    .. math:: F = \frac1N\sum_n J_n^\top\,\mathbb E_{t\sim p(\cdot\mid z_n)}\big[g g^\top\big]\,J_n,\qquad g = \nabla_{z}\log p(t\mid z_n).
 
     The exact output-space Fisher (no sampling), so it needs only the inputs; batches are
     pairs ``(inputs, targets)`` like the other operators' and the targets are ignored.
 
     Parameters
     ----------
-    model_fn
+    model_fn : callable
         ``model_fn(params, inputs) -> z`` (logits for ``"categorical"``, means for ``"gaussian"``).
-    params
+    params : pytree
         The point.
-    likelihood
-        ``"categorical"``, ``"gaussian"`` or a :class:`~minigeo.Likelihood`.
+    likelihood : {"categorical", "gaussian"} or :class:`~minigeo.Likelihood`, optional
+        The predictive distribution.
 
     Returns
     -------
-    CurvatureOperator
-        Products as :func:`minigeo.fisher`, one batch at a time.
+    :class:`~minigeo.CurvatureOperator`
+        Products as :func:`~minigeo.fisher`, one batch at a time.
 
     Raises
     ------
     GeometryError
         If a batch is not a pair, the likelihood is unknown, or ``params`` is not a valid point.
-
-    References
-    ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.4; Grosse (2022), CSC2541 lecture 3 (the Fisher). Taught
-    in chapter 2, *Pullback metrics*.
 
     Examples
     --------
@@ -547,6 +828,11 @@ def fisher_operator(
     >>> F = mg.fisher_operator(lambda w, x: x * w, jnp.zeros(2))   # logits x * w, p = (1/2, 1/2)
     >>> F.dataset_mv(jnp.array([1.0, 0.0]), mg.batches_of((jnp.ones((3, 2)), jnp.zeros(3)), 2))
     Array([ 0.25, -0.25], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), eq. (3) and Sec. 3.4; Grosse (2022), CSC2541 lecture 3 (the
+    Fisher). Taught in chapter 2, *Pullback metrics*.
     """
     fisher(lambda q: q, likelihood)  # validate the likelihood eagerly
 
@@ -562,31 +848,28 @@ def empirical_fisher_operator(
     per_example_loss_fn: Callable[[jax.Array, Any], jax.Array],
     params: PyTree,
 ) -> CurvatureOperator:
-    r"""The empirical Fisher :math:`\frac1N\sum_n J_n^\top g_n g_n^\top J_n` over a dataset, :math:`g_n = \nabla_{z_n}\ell_n`.
+    r"""The empirical Fisher of a model and per-example loss over a dataset.
+
+    .. math:: \frac1N\sum_n J_n^\top g_n g_n^\top J_n,\qquad g_n = \nabla_{z_n}\ell_n.
 
     Parameters
     ----------
-    model_fn
+    model_fn : callable
         ``model_fn(params, inputs) -> z`` with a leading example axis.
-    per_example_loss_fn
+    per_example_loss_fn : callable
         ``per_example_loss_fn(z, targets) -> (n,)``, the unreduced losses.
-    params
+    params : pytree
         The point.
 
     Returns
     -------
-    CurvatureOperator
-        Products as :func:`minigeo.empirical_fisher`, one batch at a time.
+    :class:`~minigeo.CurvatureOperator`
+        Products as :func:`~minigeo.empirical_fisher`, one batch at a time.
 
     Raises
     ------
     GeometryError
         If a batch is not a pair, the losses are not one per example, or ``params`` is not a valid point.
-
-    References
-    ----------
-    Grosse (2022), CSC2541 lecture 3 (empirical Fisher vs Fisher); Kunstner et al. (2019). Taught in
-    chapter 2, *Pullback metrics*.
 
     Examples
     --------
@@ -596,6 +879,11 @@ def empirical_fisher_operator(
     >>> EF = mg.empirical_fisher_operator(lambda w, x: x @ w, lambda z, t: 0.5 * (z - t) ** 2, jnp.zeros(1))
     >>> EF.dataset_mv(jnp.ones(1), mg.batches_of((X, y), 2))   # mean of (x (w x - y))^2 = 14 / 3
     Array([4.6666665], dtype=float32)
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 (empirical Fisher vs Fisher); Kristiadi, Dangel & Hennig (2023),
+    Sec. 3.4; Kunstner et al. (2019). Taught in chapter 2, *Pullback metrics*.
     """
 
     def mv(p, v, batch):

@@ -64,21 +64,28 @@ _ATTENTION_KEYS = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
 class ViTConfig(NamedTuple):
     r"""Hyperparameters of a vision transformer (hashable: usable as a static argument).
 
-    ``gelu="exact"`` is the erf GELU of timm/ViT; ``"tanh"`` is its tanh approximation
-    (faster on CPU); ``"quick"`` is OpenAI CLIP's QuickGELU :math:`x\,\sigma(1.702\,x)`.
-    ``ln_eps`` is LayerNorm's epsilon (1e-6 in timm's ViTs, 1e-5 in OpenCLIP's).
+    .. math:: d_{\mathrm{head}} = \mathrm{width}/\mathrm{heads},\qquad N_{\mathrm{patches}} = (\mathrm{image\_size}/\mathrm{patch\_size})^2.
 
-    The last three fields default to timm's ViT; OpenCLIP's image tower sets all three the other
-    way (see :func:`vit_from_open_clip`): ``pre_norm`` adds a LayerNorm (leaf ``ln_pre``) after the
-    class token and position embeddings, before the first block; ``patch_bias=False`` drops the
-    patch embedding's bias (OpenCLIP's ``conv1`` has none); ``head_bias=False`` makes the head a
-    bias-free projection of the final class token (OpenCLIP's ``proj``; ``num_classes`` is then its
-    output size, the embedding dimension).
-
-    References
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.3 and App. C.1 (the ViT family of the
-    experiments). Taught in chapter 7, *Capstone: geodesic sharpness of vision transformers*.
+    image_size, patch_size, channels : int
+        Square images of ``image_size`` pixels and ``channels`` channels, cut into square patches.
+    num_classes : int
+        Output size of the head.
+    width, depth, heads, mlp_dim : int
+        Model dimension, number of blocks, attention heads per block, MLP hidden size.
+    ln_eps : float
+        LayerNorm's epsilon (1e-6 in timm's ViTs, 1e-5 in OpenCLIP's).
+    gelu : {"exact", "tanh", "quick"}
+        ``"exact"`` is the erf GELU of timm/ViT; ``"tanh"`` is its tanh approximation
+        (faster on CPU); ``"quick"`` is OpenAI CLIP's QuickGELU :math:`x\,\sigma(1.702\,x)`.
+    pre_norm, patch_bias, head_bias : bool
+        Default to timm's ViT; OpenCLIP's image tower sets all three the other way (see
+        :func:`~minigeo.models.vit_from_open_clip`): ``pre_norm`` adds a LayerNorm (leaf ``ln_pre``)
+        after the class token and position embeddings, before the first block; ``patch_bias=False``
+        drops the patch embedding's bias (OpenCLIP's ``conv1`` has none); ``head_bias=False`` makes the
+        head a bias-free projection of the final class token (OpenCLIP's ``proj``; ``num_classes`` is
+        then its output size, the embedding dimension).
 
     Examples
     --------
@@ -86,6 +93,11 @@ class ViTConfig(NamedTuple):
     >>> config = mm.ViTConfig(image_size=8, patch_size=4, channels=1, num_classes=10, width=32, depth=2, heads=4, mlp_dim=64)
     >>> config.num_patches, config.head_dim
     (4, 8)
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.3 and App. C.1 (the ViT family of the
+    experiments). Taught in chapter 7, *Capstone: geodesic sharpness of vision transformers*.
     """
 
     image_size: int = 224
@@ -112,18 +124,30 @@ class ViTConfig(NamedTuple):
 
 
 def vit_b32_config(num_classes: int = 1000) -> ViTConfig:
-    """ViT-B/32: patch 32, 224×224×3 images, 12 layers, width 768, 12 heads of 64, MLP 3072.
+    r"""ViT-B/32: patch 32, 224×224×3 images, 12 layers, width 768, 12 heads of 64, MLP 3072.
 
-    References
+    No formula: the configuration ``ViTConfig(224, 32, 3, num_classes, 768, 12, 12, 3072)``.
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.3.1 (ViT-B/32). Taught in chapter 7,
-    *Capstone: geodesic sharpness of vision transformers*.
+    num_classes : int, optional
+        Output size of the head (1000 for ImageNet).
+
+    Returns
+    -------
+    :class:`~minigeo.models.ViTConfig`
+        The ViT-B/32 configuration.
 
     Examples
     --------
     >>> import minigeo.models as mm
     >>> mm.vit_num_params(mm.vit_b32_config())
     88224232
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5.3.1 (ViT-B/32). Taught in chapter 7,
+    *Capstone: geodesic sharpness of vision transformers*.
     """
     return ViTConfig(num_classes=num_classes)
 
@@ -142,15 +166,30 @@ def _check_config(config: ViTConfig) -> None:
 
 
 def init_vit(key: jax.Array, config: ViTConfig, dtype: Any = jnp.float32) -> PyTree:
-    """Random parameters: truncated-normal weights (std 0.02, as timm), zero biases, unit LayerNorm scales.
+    r"""Random parameters: truncated-normal weights (std 0.02, as timm), zero biases, unit LayerNorm scales.
 
-    Returns the nested dict described in the module docstring.
+    .. math:: W \sim 0.02\cdot\mathcal N_{[-2, 2]}(0, 1),\qquad b = 0,\qquad \gamma_{\mathrm{LN}} = 1.
 
-    References
+    Parameters
     ----------
-    No formula from the source papers: a timm-style initialization of the ViT of da Silva, Dangel &
-    Oore (2025), *Hide & Seek*, Sec. 5.3. Taught in chapter 7, *Capstone: geodesic sharpness of
-    vision transformers*.
+    key : jax.Array
+        PRNG key.
+    config : :class:`~minigeo.models.ViTConfig`
+        The architecture.
+    dtype : dtype, optional
+        dtype of every leaf.
+
+    Returns
+    -------
+    dict
+        The nested parameter dict described in the module docstring (attention leaves of shape
+        ``(depth, heads, ...)``).
+
+    Raises
+    ------
+    GeometryError
+        If ``config`` is not a :class:`~minigeo.models.ViTConfig`, ``image_size`` is not a multiple of
+        ``patch_size``, ``width`` is not divisible by ``heads``, or ``gelu`` is unknown.
 
     Examples
     --------
@@ -160,6 +199,12 @@ def init_vit(key: jax.Array, config: ViTConfig, dtype: Any = jnp.float32) -> PyT
     >>> params = mm.init_vit(jax.random.PRNGKey(0), cfg)
     >>> params["blocks"]["attn"]["W_q"].shape   # (depth, heads, width, head_dim)
     (2, 2, 16, 8)
+
+    References
+    ----------
+    No formula from the source papers: a timm-style initialization of the ViT of da Silva, Dangel &
+    Oore (2025), *Hide & Seek*, Sec. 5.3. Taught in chapter 7, *Capstone: geodesic sharpness of
+    vision transformers*.
     """
     _check_config(config)
     c = config
@@ -212,18 +257,35 @@ def init_vit(key: jax.Array, config: ViTConfig, dtype: Any = jnp.float32) -> PyT
 
 
 def vit_num_params(config: ViTConfig) -> int:
-    """Number of parameters, from the shapes alone (``jax.eval_shape``: nothing is allocated).
+    r"""Number of parameters, from the shapes alone (``jax.eval_shape``: nothing is allocated).
 
-    References
+    .. math:: d = \sum_{\text{leaves}} \prod \mathrm{shape}.
+
+    Parameters
     ----------
-    No formula from the source papers: a parameter count. Taught in chapter 7, *Capstone: geodesic
-    sharpness of vision transformers*.
+    config : :class:`~minigeo.models.ViTConfig`
+        The architecture.
+
+    Returns
+    -------
+    int
+        The number of parameters :math:`d`.
+
+    Raises
+    ------
+    GeometryError
+        If ``config`` is invalid (as for :func:`~minigeo.models.init_vit`).
 
     Examples
     --------
     >>> import minigeo.models as mm
     >>> mm.vit_num_params(mm.vit_b32_config())  # timm's vit_base_patch32_224 has the same count
     88224232
+
+    References
+    ----------
+    No formula from the source papers: a parameter count. Taught in chapter 7, *Capstone: geodesic
+    sharpness of vision transformers*.
     """
     shapes = jax.eval_shape(lambda k: init_vit(k, config), jax.random.PRNGKey(0))
     return int(sum(math.prod(x.shape) for x in jax.tree_util.tree_leaves(shapes)))
@@ -297,18 +359,38 @@ def multi_head_attention(x: jax.Array, a: Mapping[str, jax.Array]) -> jax.Array:
 def vit_apply(params: PyTree, images: jax.Array, config: ViTConfig) -> jax.Array:
     r"""Logits of the vision transformer for images of shape ``(B, H, W, C)`` (channels last).
 
-    :math:`z_0 = [x_{\mathrm{cls}};\ \mathrm{patches}\,E + b_E] + E_{\mathrm{pos}}`, then per block
-    :math:`z \leftarrow z + \mathrm{MHA}(\mathrm{LN}_1 z)`, :math:`z \leftarrow z + \mathrm{MLP}(\mathrm{LN}_2 z)`,
-    and :math:`\mathrm{logits} = \mathrm{LN}(z)_{\mathrm{cls}} W_{\mathrm{head}} + b_{\mathrm{head}}`.
-    With ``config.pre_norm``, :math:`z_0` is replaced by :math:`\mathrm{LN}_{\mathrm{pre}}(z_0)`;
-    ``patch_bias=False`` drops :math:`b_E` and ``head_bias=False`` drops :math:`b_{\mathrm{head}}`
-    (OpenCLIP's image tower, whose outputs are the unnormalized image features).
+    .. math::
 
-    References
+        z_0 = [x_{\mathrm{cls}};\ \mathrm{patches}\,E + b_E] + E_{\mathrm{pos}},\qquad
+        z \leftarrow z + \mathrm{MHA}(\mathrm{LN}_1 z),\quad z \leftarrow z + \mathrm{MLP}(\mathrm{LN}_2 z),
+
+        \mathrm{logits} = \mathrm{LN}(z)_{\mathrm{cls}} W_{\mathrm{head}} + b_{\mathrm{head}},\qquad
+        \mathrm{MHA}(z) = [\mathrm{head}_1, \dots, \mathrm{head}_h]\,W^o,\quad
+        \mathrm{head}_i = \mathrm{softmax}\Big(\tfrac{z W_q^i (z W_k^i)^\top}{\sqrt{d_{\mathrm{head}}}}\Big) z W_v^i
+
+    (biases omitted in the attention).  With ``config.pre_norm``, :math:`z_0` is replaced by
+    :math:`\mathrm{LN}_{\mathrm{pre}}(z_0)`; ``patch_bias=False`` drops :math:`b_E` and
+    ``head_bias=False`` drops :math:`b_{\mathrm{head}}` (OpenCLIP's image tower, whose outputs are the
+    unnormalized image features).
+
+    Parameters
     ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. C.1 (multi-head attention, head_i =
-    Attention(Q W_i^Q, K W_i^K, V W_i^V)). Taught in chapter 7, *Capstone: geodesic sharpness of
-    vision transformers*.
+    params : dict
+        Parameters in :func:`~minigeo.models.init_vit`'s layout.
+    images : array
+        Shape ``(B, image_size, image_size, channels)``, channels last.
+    config : :class:`~minigeo.models.ViTConfig`
+        The architecture (a static argument under ``jit``).
+
+    Returns
+    -------
+    jax.Array
+        Logits of shape ``(B, num_classes)``, in the dtype of ``params``.
+
+    Raises
+    ------
+    GeometryError
+        If ``images`` does not have shape ``(B, image_size, image_size, channels)`` (e.g. NCHW).
 
     Examples
     --------
@@ -318,6 +400,12 @@ def vit_apply(params: PyTree, images: jax.Array, config: ViTConfig) -> jax.Array
     >>> params = mm.init_vit(jax.random.PRNGKey(0), cfg)
     >>> mm.vit_apply(params, jnp.zeros((5, 8, 8, 1)), cfg).shape
     (5, 10)
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. C.1 (multi-head attention, head_i =
+    Attention(Q W_i^Q, K W_i^K, V W_i^V)). Taught in chapter 7, *Capstone: geodesic sharpness of
+    vision transformers*.
     """
     c = config
     images = jnp.asarray(images)
@@ -371,18 +459,28 @@ def _attention_blocks(params: PyTree) -> list[tuple[Any, ...]]:
 
 
 def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
-    r"""The GL(dh) symmetries of every attention layer, for :func:`minigeo.geodesic_sharpness`.
+    r"""The GL(dh) symmetries of every attention layer, for :func:`~minigeo.geodesic_sharpness`.
 
-    Per head :math:`i` (and layer): :math:`\big(\binom{W_q^i}{b_q^{i\top}}, W_k^i\big)`
-    and :math:`\big(\binom{W_v^i}{b_v^{i\top}}, W_o^i\big)`, the query and value biases appended as
-    in da Silva et al. 2025, Example A.1; heads and layers are the leading batch axes of the leaves, so each
-    head is its own pair.  The key bias :math:`b_k` is **redundant**: it adds
-    :math:`q_t^\top b_k` to every score of query :math:`t`, a constant along the key axis that the
-    softmax removes, so the function does not depend on it and it is never perturbed.  (Example
-    A.1 appends :math:`b_k` to the key side instead; the symmetry is valid, but then shifting
-    :math:`b_k`, which changes nothing, changes metric (15) and the sharpness.)  Every other leaf
-    (patch embedding, positions, LayerNorms, MLP, head, ``b_o``) gets the element-wise adaptive
-    treatment (da Silva et al. 2025, App. C.1).
+    .. math::
+
+        \Big(\tbinom{W_q^i}{b_q^{i\top}},\ W_k^i\Big) \to \Big(\tbinom{W_q^i}{b_q^{i\top}} A^{-1},\ W_k^i A^\top\Big),\qquad
+        \Big(\tbinom{W_v^i}{b_v^{i\top}},\ W_o^{i\top}\Big) \to \Big(\tbinom{W_v^i}{b_v^{i\top}} B^{-1},\ W_o^{i\top} B^\top\Big),
+
+    for :math:`A, B \in \mathrm{GL}(d_{\mathrm{head}})`, per head :math:`i` and layer.
+
+    Parameters
+    ----------
+    params : dict
+        ViT parameters in :func:`~minigeo.models.init_vit`'s layout (or any pytree holding attention
+        dicts with ``W_q, b_q, W_k, b_k, W_v, b_v, W_o, b_o``).
+    eps : float, optional
+        Relaxation :math:`\epsilon \ge 0` of the Gram matrices of metric (15) (App. G.2).
+
+    Returns
+    -------
+    SymmetrySpec
+        Two pairs, (query, key) and (value, output), each batched over layers and heads; every other
+        leaf treated element-wise.
 
     Raises
     ------
@@ -390,11 +488,16 @@ def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
         If the pytree holds no attention layer (a dict with ``W_q, b_q, W_k, b_k, W_v, b_v,
         W_o, b_o``), or the shapes do not form pairs.
 
-    References
-    ----------
-    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. C.1 (symmetries 1 and 2 per head) and
-    Example A.1 (biases). Taught in chapter 7, *Capstone: geodesic sharpness of vision
-    transformers*.
+    Notes
+    -----
+    The query and value biases are appended as in da Silva et al. 2025, Example A.1; heads and
+    layers are the leading batch axes of the leaves, so each head is its own pair.  The key bias
+    :math:`b_k` is **redundant**: it adds :math:`q_t^\top b_k` to every score of query :math:`t`, a
+    constant along the key axis that the softmax removes, so the function does not depend on it and
+    it is never perturbed.  (Example A.1 appends :math:`b_k` to the key side instead; the symmetry is
+    valid, but then shifting :math:`b_k`, which changes nothing, changes metric (15) and the
+    sharpness.)  Every other leaf (patch embedding, positions, LayerNorms, MLP, head, ``b_o``) gets
+    the element-wise adaptive treatment (da Silva et al. 2025, App. C.1).
 
     Examples
     --------
@@ -404,6 +507,12 @@ def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
     >>> spec = mm.vit_symmetry_spec(mm.init_vit(jax.random.PRNGKey(0), cfg))
     >>> len(spec.pairs)   # (q, k) and (v, o), each batched over 2 layers x 2 heads
     2
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. C.1 (symmetries 1 and 2 per head) and
+    Example A.1 (biases). Taught in chapter 7, *Capstone: geodesic sharpness of vision
+    transformers*.
     """
     blocks = _attention_blocks(params)
     if not blocks:
@@ -642,18 +751,32 @@ def vit_from_timm(
 ) -> tuple[PyTree, ViTConfig]:
     r"""Convert a timm ``VisionTransformer`` state dict (e.g. ``vit_base_patch32_224``) to minigeo's layout.
 
-    The fused ``attn.qkv.weight`` (3d, d) holds rows ``[q | k | v]`` in blocks of ``d``, head
-    ``i`` at rows ``i·dh … (i+1)·dh`` of each block; it is split per head (and transposed, since
-    torch stores ``W^T``).  ``attn.proj.weight``'s columns ``i·dh … (i+1)·dh`` become ``W_o^i``.
-    The patch convolution (d, C, p, p) becomes a (p·p·C, d) matrix in (kh, kw, c) order.  The
-    depth, width, patch size, image size and classes are read off the shapes; ``heads`` is not
-    visible in them and defaults to ``width // 64`` (timm's ViTs use heads of 64).
+    .. math:: W_q^i = (\mathtt{qkv.weight}[i d_h : (i+1) d_h])^\top,\qquad W_o^i = (\mathtt{proj.weight}[:, i d_h : (i+1) d_h])^\top,
 
-    Returns ``(params, config)``.  Values may be numpy arrays or torch tensors (converted
-    without importing torch); e.g. ``vit_from_timm(timm.create_model(name).state_dict())``.
-    A training checkpoint's wrapper (``{'state_dict': ...}``, ``{'model': ...}``) is unwrapped, and a
-    prefix shared by every key (``module.`` from DistributedDataParallel, ``_orig_mod.`` from
-    ``torch.compile``) is stripped.
+    and likewise :math:`W_k^i, W_v^i` from the second and third blocks of ``d`` rows of ``qkv.weight``.
+
+    Parameters
+    ----------
+    state_dict : mapping
+        A timm ``VisionTransformer`` state dict.  Values may be numpy arrays or torch tensors
+        (converted without importing torch); e.g. ``vit_from_timm(timm.create_model(name).state_dict())``.
+        A training checkpoint's wrapper (``{'state_dict': ...}``, ``{'model': ...}``) is unwrapped, and a
+        prefix shared by every key (``module.`` from DistributedDataParallel, ``_orig_mod.`` from
+        ``torch.compile``) is stripped.
+    heads : int, optional
+        Number of attention heads; not visible in the shapes, defaults to ``width // 64`` (timm's ViTs
+        use heads of 64).
+    ln_eps : float, optional
+        LayerNorm epsilon.
+    gelu : {"exact", "tanh", "quick"}, optional
+        The MLP's activation (see :class:`~minigeo.models.ViTConfig`).
+    dtype : dtype, optional
+        dtype of the returned parameters.
+
+    Returns
+    -------
+    tuple
+        ``(params, config)``: the parameter pytree and its :class:`~minigeo.models.ViTConfig`.
 
     Raises
     ------
@@ -662,11 +785,13 @@ def vit_from_timm(
         an array's shape does not fit the width, patch size and MLP size read off the others (the
         message lists the arrays with their expected shapes and describes timm's layout).
 
-    References
-    ----------
-    No formula from the source papers: a checkpoint converter for the pretrained ViTs of da Silva,
-    Dangel & Oore (2025), *Hide & Seek*, Sec. 5.3. Taught in chapter 7, *Capstone: geodesic
-    sharpness of vision transformers*.
+    Notes
+    -----
+    The fused ``attn.qkv.weight`` (3d, d) holds rows ``[q | k | v]`` in blocks of ``d``, head
+    ``i`` at rows ``i·dh … (i+1)·dh`` of each block; it is split per head (and transposed, since
+    torch stores ``W^T``).  ``attn.proj.weight``'s columns ``i·dh … (i+1)·dh`` become ``W_o^i``.
+    The patch convolution (d, C, p, p) becomes a (p·p·C, d) matrix in (kh, kw, c) order.  The
+    depth, width, patch size, image size and classes are read off the shapes.
 
     Examples
     --------
@@ -679,6 +804,12 @@ def vit_from_timm(
     ...     print(str(err)[:37])
     vit_from_timm: not a timm VisionTrans
     >>> # with timm installed:  params, config = mm.vit_from_timm(timm.create_model("vit_base_patch32_224").state_dict())
+
+    References
+    ----------
+    No formula from the source papers: a checkpoint converter for the pretrained ViTs of da Silva,
+    Dangel & Oore (2025), *Hide & Seek*, Sec. 5.3. Taught in chapter 7, *Capstone: geodesic
+    sharpness of vision transformers*.
     """
     sd = _unwrap_state_dict(state_dict, "vit_from_timm")
     if "patch_embed.proj.weight" not in sd or "pos_embed" not in sd:
@@ -855,37 +986,37 @@ def vit_from_open_clip(
 
     Parameters
     ----------
-    state_dict
+    state_dict : mapping
         ``model.visual.state_dict()`` of an OpenCLIP model, or the full ``model.state_dict()``,
         whose keys under ``visual.`` are taken (the text tower, ``logit_scale`` and the rest are
         ignored).  Values may be numpy arrays or torch tensors (converted without importing torch;
         bfloat16 is widened to float32).  A training checkpoint's wrapper (``{'state_dict': ...}``)
         is unwrapped and a prefix shared by every key (``module.``) stripped.
-    act
+    act : {"quick_gelu", "gelu", "gelu_tanh"}
         The MLP's activation, which the weights do not record, so it must be given:
         ``"quick_gelu"`` (:math:`x\,\sigma(1.702\,x)`) for OpenAI's CLIP weights
         (``pretrained="openai"``, the ``-quickgelu`` model names, and fine-tunes of them),
         ``"gelu"`` (exact erf, ``nn.GELU``) for OpenCLIP's own trainings (LAION, DataComp, ...),
         whose model configs do not set ``quick_gelu``; ``"gelu_tanh"`` for ``act_kwargs``
         ``{"approximate": "tanh"}``.
-    heads
+    heads : int, optional
         Number of attention heads; by default ``width // 64`` (OpenCLIP's ``head_width`` default,
         right for ViT-B/32: 768 / 64 = 12, B/16, L/14; ViT-H/14 has ``head_width`` 80, so pass
         ``heads=16``).
-    ln_eps
+    ln_eps : float, optional
         LayerNorm epsilon (torch's default, used by OpenCLIP unless ``norm_kwargs`` says otherwise).
-    pool_type
+    pool_type : {"tok"}, optional
         OpenCLIP's ``vision_cfg.pool_type``: only ``"tok"`` (the class token, the default of every
         OpenCLIP ViT but the CLIPA ones) is supported.  With ``"tok"``, ``final_ln_after_pool`` makes
         no difference (LayerNorm acts on each token alone).
-    dtype
+    dtype : dtype, optional
         dtype of the returned parameters.
 
     Returns
     -------
-    (params, config)
-        minigeo's parameter pytree (:func:`init_vit`'s layout, with ``ln_pre`` and without the patch
-        and head biases) and its :class:`ViTConfig` (``pre_norm`` as read off the state dict,
+    tuple
+        ``(params, config)``: minigeo's parameter pytree (:func:`~minigeo.models.init_vit`'s layout, with ``ln_pre`` and without the patch
+        and head biases) and its :class:`~minigeo.models.ViTConfig` (``pre_norm`` as read off the state dict,
         ``patch_bias=False``, ``head_bias=False``, ``num_classes`` = embed_dim).
 
     Raises
@@ -906,12 +1037,6 @@ def vit_from_open_clip(
     logits are ``logit_scale * normalize(features) @ T.T`` with ``logit_scale =
     model.logit_scale.exp()`` (100 for trained CLIP models).  Append it to :func:`vit_apply` as in the
     example; keep ``T`` out of ``params`` so that sharpness perturbs only the image tower.
-
-    References
-    ----------
-    No formula from the source papers: a checkpoint converter. da Silva, Dangel & Oore (2025),
-    *Hide & Seek*, Sec. 5.3.1, score 72 OpenCLIP ViT-B/32 fine-tunes. Taught in chapter 7,
-    *Capstone: geodesic sharpness of vision transformers*.
 
     Examples
     --------
@@ -944,6 +1069,12 @@ def vit_from_open_clip(
     ...     return logit_scale * (f / jnp.linalg.norm(f, axis=-1, keepdims=True)) @ T.T
     >>> zero_shot_logits(params, images).shape
     (5, 10)
+
+    References
+    ----------
+    No formula from the source papers: a checkpoint converter. da Silva, Dangel & Oore (2025),
+    *Hide & Seek*, Sec. 5.3.1 and Fig. 4, score 72 CLIP ViT-B/32 fine-tunes (Wortsman et al.
+    2022). Taught in chapter 7, *Capstone: geodesic sharpness of vision transformers*.
     """
     where = "vit_from_open_clip"
     sd = _unwrap_state_dict(state_dict, where, markers=("conv1.weight", "visual.conv1.weight"))
@@ -1049,23 +1180,28 @@ def vit_from_open_clip(
 
 
 def load_timm_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
-    """Read a timm ViT checkpoint file into a ``{name: numpy array}`` state dict (no network access).
+    r"""Read a timm ViT checkpoint file into a ``{name: numpy array}`` state dict (no network access).
 
-    Supports ``.safetensors`` (the format of timm's Hugging Face weights; needs the
+    No formula: supports ``.safetensors`` (the format of timm's Hugging Face weights; needs the
     ``safetensors`` package), ``.npz`` (``numpy.savez`` of a state dict), and ``.pth``/``.pt``/``.bin``
     (``torch.save`` of a state dict, loaded with ``weights_only=True``; needs torch).  Pass the
-    result to :func:`vit_from_timm`.
+    result to :func:`~minigeo.models.vit_from_timm`.
+
+    Parameters
+    ----------
+    path : path
+        The checkpoint file.
+
+    Returns
+    -------
+    dict
+        ``{name: numpy array}``.
 
     Raises
     ------
     GeometryError
         If the file does not exist, its suffix is unknown, its package is not installed, or it cannot
         be read (e.g. an ``.npz`` holding a pickled nested dict instead of one array per key).
-
-    References
-    ----------
-    No formula from the source papers: a checkpoint reader. Taught in chapter 7, *Capstone: geodesic
-    sharpness of vision transformers*.
 
     Examples
     --------
@@ -1076,6 +1212,11 @@ def load_timm_checkpoint(path: str | os.PathLike) -> dict[str, np.ndarray]:
     >>> np.savez(path, **{"cls_token": np.zeros((1, 1, 4))})
     >>> {k: v.shape for k, v in mm.load_timm_checkpoint(path).items()}
     {'cls_token': (1, 1, 4)}
+
+    References
+    ----------
+    No formula from the source papers: a checkpoint reader. Taught in chapter 7, *Capstone: geodesic
+    sharpness of vision transformers*.
     """
     path = os.fspath(path)
     if not os.path.isfile(path):
