@@ -28,7 +28,7 @@ from ._checks import GeometryError, as_float_point, check_finite, check_same_str
 from ._linalg import ResumableLanczos, check_damping, lanczos_tridiagonal_offloaded
 from ._estimators import check_slq_positive, mean_and_standard_error, rademacher_like, slq_breakdown_tol, slq_quadrature
 from ._tree import PyTree, ravel, tree_size
-from .curvature import MetricArg, _certified_lanczos, _metric_inverse, hvp
+from .curvature import _CG_HINT, MetricArg, _certified_lanczos, _diagnose_cg, _metric_inverse, hvp
 from .metrics import Likelihood, Metric, empirical_fisher, fisher, ggn
 
 __all__ = [
@@ -500,7 +500,8 @@ class CurvatureOperator:
         if batched not in ("vmap", "map"):
             raise GeometryError(f"trace_estimate: batched must be 'vmap' or 'map', got {batched!r}.")
         probes = rademacher_like(key, self.params, num_probes)
-        apply_inverse = _metric_inverse(metric, self.params, tol, maxiter)
+        _metric_inverse(metric, self.params, tol, maxiter)  # validates a diagonal metric eagerly
+        apply_inverse = _metric_inverse(metric, self.params, tol, maxiter, strict=True)  # NaN where CG failed
         duals = jax.lax.map(apply_inverse, probes) if metric is not None else probes
         values, n = None, 0
         for batch in _progress(_one_pass(batches), progress, f"{self.name} trace"):
@@ -511,7 +512,8 @@ class CurvatureOperator:
         if values is None:
             raise GeometryError(f"{self.name}: no batches: the dataset is empty.")
         values = values / n
-        check_finite(values, f"The {self.name} products", hint="The loss is not twice differentiable here, or overflowed.")
+        _diagnose_cg(values, metric, self.params, key, tol, maxiter)  # a failed CG solve: its own error
+        check_finite(values, f"The {self.name} products", hint=_CG_HINT)
         return mean_and_standard_error(values)
 
     def top_eigenvalues(

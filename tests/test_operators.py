@@ -139,6 +139,19 @@ def test_invariant_trace_with_a_metric_from_another_operator():
     np.testing.assert_allclose(est, ref, rtol=1e-8)
 
 
+def test_failed_cg_in_the_dataset_trace_raises_its_own_error():
+    """The probes' CG solves run inside lax.map and cannot raise: a solve stopped by maxiter used to give a
+    silently inexact trace; now it is NaN inside and, eagerly, CG's own error."""
+    params, X, y = _setup()
+    ops = _operators(params)
+    G = ops["ggn"].as_metric((X, y)).with_damping(1e-3)  # ill-conditioned: 2 CG steps cannot converge
+    with pytest.raises(mg.GeometryError, match="did not converge"):
+        ops["hessian"].trace_estimate(jax.random.PRNGKey(1), mg.batches_of((X, y), 10), metric=G, maxiter=2)
+    indefinite = mg.Metric(lambda p, v: jax.tree_util.tree_map(lambda a: -a, v), "indefinite")
+    with pytest.raises(mg.GeometryError, match="not positive definite"):
+        ops["hessian"].trace_estimate(jax.random.PRNGKey(1), mg.batches_of((X, y), 10), metric=indefinite)
+
+
 @pytest.mark.parametrize("kind", KINDS)
 def test_top_eigenvalues_match_the_dense_spectrum(kind):
     params, X, y = _setup()
