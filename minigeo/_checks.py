@@ -274,3 +274,25 @@ def as_float_point(tree: Any, what: str = "params") -> Any:
                 "through them). Convert with jnp.asarray(x, dtype=float)."
             )
     return tree
+
+
+def is_matrix(obj: Any) -> bool:
+    """An array-like matrix: anything with a shape, or a nested list/tuple of real numbers (not a callable)."""
+    if callable(obj):
+        return False
+    if hasattr(obj, "shape"):
+        return True
+    return isinstance(obj, (list, tuple)) and _nested_numbers(obj)
+
+
+def _nested_numbers(obj: Any) -> bool:
+    """A (nested) list/tuple of real numbers, e.g. ``[[1.0, 0.0], [0.0, 1.0]]``."""
+    leaves = jax.tree_util.tree_leaves(obj)
+    return bool(leaves) and all(
+        isinstance(x, (int, float, np.number)) and not isinstance(x, (bool, np.bool_)) for x in leaves
+    )
+
+
+def as_array(obj: Any) -> Any:
+    """Nested lists of numbers become an array (a matrix given as a list is accepted)."""
+    return jnp.asarray(np.asarray(obj)) if isinstance(obj, (list, tuple)) and _nested_numbers(obj) else obj

@@ -17,9 +17,10 @@ Two guarantees beyond ``jax.jit``'s:
   notebook that rebinds ``X = new_data`` after defining ``loss = lambda p: ... X ...`` gets a
   fresh compilation, not the old ``X``.  (Mutating an object in place, e.g. ``state["scale"] = 5``,
   cannot be seen; minigeo's functions assume pure functions, as JAX does.)
-* **Nothing kept alive.**  Entries are keyed weakly on the callable, and the compiled function
-  refers to it only through a weak reference: when the user's function (and the data it closes
-  over) is garbage-collected, its compiled code goes too.
+* **No data kept alive.**  A plain function is cached by its code object, with the JAX arrays it
+  closes over (or takes as defaults) passed in as arguments, never stored; other callables are
+  keyed weakly, and their compiled code goes when they are garbage-collected.  At most 16
+  compilations are kept per code object.
 
 Under an outer transformation (``jit``, ``vmap``, ``grad`` of the caller), the work is traced
 inline instead: the outer compilation already covers it.
@@ -223,7 +224,7 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
     (Python control flow on a closed-over array) runs op by op, as does a function whose
     compilations keep missing the cache.
     """
-    by_code: dict = {}  # code -> {"entries": [(stamps, jitted)], "hits": int, "misses": int}
+    by_code: dict = {}  # code -> {"entries": [(template, jitted)], "hits": int, "misses": int}
     by_identity: dict = {}  # id key -> (weakref to the anchor, weakref to __func__ or None, fingerprint, jitted)
 
     def make(caller: Callable[[], Any]) -> Callable[..., Any]:
@@ -245,8 +246,8 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
         if record["misses"] >= _GIVE_UP_AFTER_MISSES and record["hits"] == 0:
             return impl(fn, *args, **kwargs)  # a new closure every call that no compilation can serve
         template = _Template(fn)
-        for i, (stamps, template_old, jitted) in enumerate(record["entries"]):
-            if _unchanged(stamps, template.stamps):
+        for i, (template_old, jitted) in enumerate(record["entries"]):
+            if _unchanged(template_old.stamps, template.stamps):
                 record["hits"] += 1
                 record["entries"].append(record["entries"].pop(i))  # most recently used last
                 template_old.static = template.static  # keep the live objects, not only their stamps
@@ -254,7 +255,7 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
         record["misses"] += 1
         jitted = make_from_template(template)
         arrays, template.arrays = template.arrays, []  # the entry keeps no data alive
-        record["entries"].append((template.stamps, template, jitted))
+        record["entries"].append((template, jitted))
         del record["entries"][:-_MAX_ENTRIES_PER_CODE]
         return jitted(arrays, *args, **kwargs)
 

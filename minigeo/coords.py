@@ -38,12 +38,14 @@ import numpy as np
 
 from ._checks import (
     GeometryError,
+    as_array as _as_array,
     check_finite,
     check_same_structure,
     check_spd,
     check_square_matrix,
     check_symmetric,
     is_concrete,
+    is_matrix as _is_matrix,
 )
 from ._linalg import SolveInfo, solve_spd_cg, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
@@ -271,27 +273,6 @@ class Reparametrization:
 # ---------------------------------------------------------------------------
 # helpers for metric-like objects
 # ---------------------------------------------------------------------------
-def _is_matrix(obj: Any) -> bool:
-    if callable(obj):
-        return False
-    if hasattr(obj, "shape"):
-        return True
-    return isinstance(obj, (list, tuple)) and _nested_numbers(obj)
-
-
-def _nested_numbers(obj: Any) -> bool:
-    """A (nested) list/tuple of real numbers, e.g. ``[[1.0, 0.0], [0.0, 1.0]]``."""
-    leaves = jax.tree_util.tree_leaves(obj)
-    return bool(leaves) and all(
-        isinstance(x, (int, float, np.number)) and not isinstance(x, (bool, np.bool_)) for x in leaves
-    )
-
-
-def _as_array(obj: Any) -> Any:
-    """Nested lists of numbers become an array (a matrix given as a list is accepted)."""
-    return jax.numpy.asarray(np.asarray(obj)) if isinstance(obj, (list, tuple)) and _nested_numbers(obj) else obj
-
-
 def _apply_dense(matrix: jax.Array, v: PyTree) -> PyTree:
     flat_v, unravel = ravel(v)
     return unravel(matrix @ flat_v)

@@ -38,7 +38,7 @@ from ._compile import jit_per_callable
 from ._linalg import ResumableLanczos, lanczos_tridiagonal, solve_spd_cg
 from ._estimators import mean_and_standard_error, rademacher_like
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
-from .metrics import Metric, matrix_field
+from .metrics import Metric, _matrix_field
 
 __all__ = [
     "hvp",
@@ -153,7 +153,7 @@ def hessian(
 
 def _metric_at(metric_fn: MetricFn, x: jax.Array) -> jax.Array:
     d = x.shape[0]
-    metric_fn = matrix_field(metric_fn)
+    metric_fn = _matrix_field(metric_fn)
     if metric_fn is None:
         return jnp.eye(d, dtype=x.dtype)
     G = metric_fn(x)
@@ -209,7 +209,7 @@ def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Arra
     *The Invariance of the Hessian* (blog post). Chapter 4.
     """
     _check_coords(x, "christoffel_symbols")
-    metric_fn = matrix_field(metric_fn)
+    metric_fn = _matrix_field(metric_fn)
     G = _metric_at(metric_fn, x)
     d = x.shape[0]
     dG = jax.jacfwd(metric_fn)(x)  # dG[a, b, c] = d_c G_ab
@@ -316,7 +316,7 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricF
     Invariance of the Hessian* (blog post). Chapter 4.
     """
     H = riemannian_hessian(f, metric_fn, x)
-    G = _metric_at(matrix_field(metric_fn), x)
+    G = _metric_at(metric_fn, x)
     return jsl.cho_solve(jsl.cho_factor(G, lower=True), H)
 
 

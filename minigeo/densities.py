@@ -34,7 +34,7 @@ from ._linalg import lanczos_tridiagonal
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .coords import Reparametrization
 from .curvature import hessian, hvp
-from .metrics import Metric, matrix_field
+from .metrics import Metric, _matrix_field
 
 __all__ = [
     "transform_log_density",
@@ -133,7 +133,7 @@ def log_volume_element(metric_fn: Callable[[PyTree], jax.Array], x: PyTree) -> j
     Kristiadi, Dangel & Hennig (2023), Sec. 3.3 (the Riemannian volume form, eq. (11)). Taught in
     chapter 5, *Densities and volume forms*.
     """
-    G = matrix_field(metric_fn)(x)
+    G = _matrix_field(metric_fn)(x)
     check_square_matrix(G, tree_size(x), "metric_fn(x)")
     check_spd(G, "the metric")
     return jnp.sum(jnp.log(jnp.diag(jnp.linalg.cholesky(G))))

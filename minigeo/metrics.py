@@ -38,12 +38,14 @@ import numpy as np
 
 from ._checks import (
     GeometryError,
+    as_array,
     as_float_point,
     check_finite,
     check_same_structure,
     check_spd,
     check_symmetric,
     is_concrete,
+    is_matrix,
     symmetry_rtol,
 )
 from ._compile import jit_per_callable
@@ -700,8 +702,8 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
         return obj
     if obj is None:
         return euclidean()
-    if isinstance(obj, (jax.Array, np.ndarray)) or (isinstance(obj, (list, tuple)) and obj and not callable(obj[0])):
-        matrix = jnp.asarray(obj)
+    if is_matrix(obj):
+        matrix = jnp.asarray(as_array(obj))
         if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
             raise GeometryError(f"as_metric: a matrix metric must be square, got shape {matrix.shape}.")
         check_finite(matrix, "as_metric: the matrix")
@@ -724,7 +726,7 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
     )
 
 
-def matrix_field(metric: Any) -> Callable[[jax.Array], jax.Array] | None:
+def _matrix_field(metric: Any) -> Callable[[jax.Array], jax.Array] | None:
     """``x -> G(x)`` for the dense-coordinate routines: a :class:`Metric`'s dense matrix, a callable as is."""
     if isinstance(metric, Metric):
         return lambda x: metric.dense(x)

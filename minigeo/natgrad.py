@@ -35,7 +35,7 @@ from ._checks import (
 )
 from ._linalg import SolveInfo, check_damping, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
-from .metrics import Metric, matrix_field
+from .metrics import Metric, _matrix_field
 
 __all__ = [
     "gram_matrix",
@@ -108,7 +108,7 @@ def gram_matrix(
     if metric_fn is None:
         return J.T @ J
     z = param_map(xi)
-    g = matrix_field(metric_fn)(z)
+    g = _matrix_field(metric_fn)(z)
     check_square_matrix(g, J.shape[0], "the metric on Z")
     check_spd(g, "the metric on Z", rtol=symmetry_rtol(g))
     return J.T @ g @ J
