@@ -8,6 +8,8 @@ Modules (floors: a module imports only from floors below it)
 * floor 1 ``_checks``, ``_tree``, ``_estimators``: validation and error messages, pytree helpers,
   Rademacher probes and standard errors of the randomized estimators.
 * floor 1 ``_linalg``: Cholesky and conjugate-gradient solves with checks.
+* floor 1 ``_metric``: the one metric type :class:`Metric` (a pytree), :func:`as_metric` and the
+  simple fields, below every module that takes a metric (re-exported by :mod:`minigeo.metrics`).
 * floor 2 :mod:`minigeo.coords`: reparametrizations, transformation rules, ♭/♯
   (chapter 1); :mod:`minigeo.reparam`: built-in reparametrizations;
   :mod:`minigeo.metrics`: matrix-free metrics (GGN, Fisher, empirical Fisher,

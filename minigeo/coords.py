@@ -47,7 +47,8 @@ from ._checks import (
     is_concrete,
     is_matrix as _is_matrix,
 )
-from ._linalg import SolveInfo, solve_spd_cg, solve_spd_dense
+from ._linalg import SolveInfo, _is_zero, check_damping, solve_spd_cg, solve_spd_dense
+from ._metric import Metric
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
 
 __all__ = [
@@ -68,12 +69,12 @@ __all__ = [
     "sharp",
 ]
 
-#: A metric (or bilinear form) at one point: a dense ``d x d`` array over the
-#: flattened coordinates, or a linear map ``v -> G v`` on pytrees (matrix-free).
-#: What a metric (or any symmetric bilinear form) argument accepts: a dense ``(d, d)`` matrix over the
-#: flattened parameters, or a matrix-free product ``v -> G v`` on pytrees (e.g. a :class:`Metric`'s ``mv``
-#: at a point).  Kristiadi, Dangel & Hennig (2023), Sec. 2.2.  Taught in chapters 1 and 2.
-MetricLike = Union[jax.Array, np.ndarray, Callable[[PyTree], PyTree]]
+#: What a metric (or any symmetric bilinear form) argument of the transformation rules accepts: a
+#: dense ``(d, d)`` matrix over the flattened parameters, a matrix-free product ``v -> G v`` on pytrees,
+#: or a :class:`~minigeo.Metric` field, which the rules evaluate at their point (``theta``, or the
+#: ``at=`` of :func:`inner`, :func:`flat` and :func:`sharp`).  Kristiadi, Dangel & Hennig (2023),
+#: Sec. 2.2.  Taught in chapters 1 and 2.
+MetricLike = Union[jax.Array, np.ndarray, Callable[[PyTree], PyTree], Metric]
 
 Predicate = Callable[[PyTree], Any]
 
@@ -278,6 +279,18 @@ def _apply_dense(matrix: jax.Array, v: PyTree) -> PyTree:
     return unravel(matrix @ flat_v)
 
 
+def _at_point(G: MetricLike, at: PyTree | None, who: str) -> MetricLike:
+    """A :class:`Metric` field evaluated at the point ``at`` (its operator ``v -> G(at) v``); other forms as given."""
+    if not isinstance(G, Metric):
+        return G
+    if at is None:
+        raise GeometryError(
+            f"{who}: G is a Metric, a field theta -> G(theta); say at which point to evaluate it: "
+            f"{who}(G, ..., at=params)."
+        )
+    return G.at(at)
+
+
 def _as_operator(obj: MetricLike, point: PyTree, what: str) -> Callable[[PyTree], PyTree]:
     """``v -> G v`` for a dense matrix (checked: square, finite, symmetric) or a callable."""
     if _is_matrix(obj):
@@ -443,6 +456,7 @@ def transform_covector(phi: Reparametrization, theta: PyTree, omega: PyTree) -> 
 
 
 def _transform_two_form(phi: Reparametrization, theta: PyTree, form: MetricLike, what: str) -> MetricLike:
+    form = _at_point(form, theta, "transform")
     psi = phi.forward(theta)
     if _is_matrix(form):
         check_square_matrix(form, tree_size(theta), what)
@@ -474,14 +488,16 @@ def transform_metric(phi: Reparametrization, theta: PyTree, G: MetricLike) -> Me
         The reparametrization :math:`\varphi`.
     theta : array or pytree
         The point, in θ-coordinates.
-    G : array or callable
+    G : array, callable or :class:`~minigeo.Metric`
         The metric at ``theta``: a dense symmetric positive-definite ``d x d`` matrix
-        (flattened coordinates), or a matrix-free callable ``v -> G v``.
+        (flattened coordinates), a matrix-free callable ``v -> G v``, or a :class:`~minigeo.Metric`
+        field (evaluated at ``theta``; for the whole field in ψ-coordinates use
+        :func:`transform_metric_field`).
 
     Returns
     -------
     array or callable
-        The metric at :math:`\psi=\varphi(\theta)` in the same form: a dense matrix, or
+        The metric at :math:`\psi=\varphi(\theta)`: a dense matrix for a dense ``G``, otherwise
         a callable ``u -> Ĝ u`` computed by ``jvp`` and ``vjp`` through
         :math:`\varphi^{-1}` (never forming :math:`J`).
 
@@ -523,9 +539,9 @@ def transform_bilinear(phi: Reparametrization, theta: PyTree, B: MetricLike) -> 
         The reparametrization :math:`\varphi`.
     theta : array or pytree
         The point, in θ-coordinates.
-    B : array or callable
-        The bilinear form at ``theta``: a dense square matrix (flattened coordinates), or a
-        callable ``v -> B v``.
+    B : array, callable or :class:`~minigeo.Metric`
+        The bilinear form at ``theta``: a dense square matrix (flattened coordinates), a
+        callable ``v -> B v``, or a :class:`~minigeo.Metric` (evaluated at ``theta``).
 
     Returns
     -------
@@ -566,9 +582,9 @@ def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike)
         The reparametrization :math:`\varphi`.
     theta : array or pytree
         The point, in θ-coordinates.
-    E : array or callable
-        The endomorphism at ``theta``: a dense square matrix (flattened coordinates), or a
-        callable ``v -> E v``.
+    E : array, callable or :class:`~minigeo.Metric`
+        The endomorphism at ``theta``: a dense square matrix (flattened coordinates), a
+        callable ``v -> E v``, or a :class:`~minigeo.Metric` (its operator at ``theta``).
 
     Returns
     -------
@@ -596,6 +612,7 @@ def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike)
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (6), and App. A (the Hessian endomorphism
     transforms by similarity). Taught in chapter 4, *Invariant Hessians*.
     """
+    E = _at_point(E, theta, "transform_endomorphism")
     psi = phi.forward(theta)
     if _is_matrix(E):
         check_square_matrix(E, tree_size(theta), "the endomorphism E")
@@ -616,8 +633,8 @@ def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike)
 
 
 def transform_metric_field(
-    phi: Reparametrization, metric_fn: Callable[[PyTree], jax.Array]
-) -> Callable[[PyTree], jax.Array]:
+    phi: Reparametrization, metric_fn: Callable[[PyTree], jax.Array] | Metric
+) -> Callable[[PyTree], jax.Array] | Metric:
     r"""A metric field in ψ-coordinates: :math:`\hat G(\psi) = J^{-\top} G(\varphi^{-1}(\psi)) J^{-1}`.
 
     .. math:: \hat G(\psi) = J^{-1}(\psi)^\top\, G(\varphi^{-1}(\psi))\, J^{-1}(\psi).
@@ -628,13 +645,17 @@ def transform_metric_field(
     ----------
     phi : :class:`~minigeo.Reparametrization`
         The reparametrization :math:`\varphi`.
-    metric_fn : callable
-        Maps a θ-point to its dense metric (flattened coordinates).
+    metric_fn : callable or :class:`~minigeo.Metric`
+        Maps a θ-point to its dense metric (flattened coordinates); or a :class:`~minigeo.Metric`.
 
     Returns
     -------
-    callable
-        Maps a ψ-point to the transformed dense metric.
+    callable or :class:`~minigeo.Metric`
+        For a callable: maps a ψ-point to the transformed dense metric.  For a
+        :class:`~minigeo.Metric`: the :class:`~minigeo.Metric` on ψ-coordinates, matrix-free,
+        ``mv(psi, u)`` :math:`= J^{-\top}(G(\theta) + \lambda I)J^{-1}u` by one ``jvp`` and one
+        ``vjp`` through :math:`\varphi^{-1}` (the damping :math:`\lambda I` of ``metric_fn`` is
+        transformed with it; the new metric's own damping is 0).
 
     Raises
     ------
@@ -650,12 +671,18 @@ def transform_metric_field(
     >>> G_polar(jnp.array([2.0, 0.3])).round(6)  # diag(1, r^2)
     Array([[1., 0.],
            [0., 4.]], dtype=float32)
+    >>> import minigeo as mg
+    >>> mg.transform_metric_field(reparam.polar(), mg.euclidean()).dense(jnp.array([2.0, 0.3])).round(6)
+    Array([[1., 0.],
+           [0., 4.]], dtype=float32)
 
     References
     ----------
     Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (d), applied at every point; Sec. 3.4. Taught
     in chapter 2, *Pullback metrics*.
     """
+    if isinstance(metric_fn, Metric):
+        return _transformed_metric(phi, metric_fn)
 
     def field(psi: PyTree) -> jax.Array:
         theta = phi.inverse(psi)
@@ -664,6 +691,17 @@ def transform_metric_field(
         return jinv.T @ metric_fn(theta) @ jinv
 
     return field
+
+
+def _transformed_metric(phi: Reparametrization, metric: Metric) -> Metric:
+    """The :class:`Metric` on ψ-coordinates: ``u -> J^{-T} (G + λI) J^{-1} u`` at θ = φ⁻¹(ψ), matrix-free."""
+
+    def mv(psi: PyTree, u: PyTree) -> PyTree:
+        theta, jinv_u = jax.jvp(phi._inverse, (psi,), (u,))
+        _, inverse_vjp = jax.vjp(phi._inverse, psi)
+        return inverse_vjp(metric.mv(theta, jinv_u))[0]
+
+    return Metric(mv, f"{metric.name} in {phi.name} coordinates", compiled=metric.compiled)
 
 
 # ---------------------------------------------------------------------------
@@ -796,18 +834,21 @@ def pair(omega: PyTree, v: PyTree) -> jax.Array:
     return tree_vdot(omega, v)
 
 
-def inner(G: MetricLike, u: PyTree, v: PyTree) -> jax.Array:
+def inner(G: MetricLike, u: PyTree, v: PyTree, *, at: PyTree | None = None) -> jax.Array:
     r"""The inner product :math:`\langle u, v\rangle_G = u^\top G v` of two vectors under a metric.
 
     .. math:: \langle u, v\rangle_G = u^\top G\, v.
 
     Parameters
     ----------
-    G : array or callable
-        The metric: a dense symmetric ``d x d`` matrix over the flattened coordinates, or a
-        callable ``v -> G v``.
+    G : array, callable or :class:`~minigeo.Metric`
+        The metric: a dense symmetric ``d x d`` matrix over the flattened coordinates, a
+        callable ``v -> G v``, or a :class:`~minigeo.Metric` field evaluated at ``at``.
     u, v : array or pytree
         The two vectors, of the same structure (a list of numbers is converted to an array).
+    at : pytree, optional
+        The point :math:`\theta` at which a :class:`~minigeo.Metric` ``G`` is evaluated (required
+        for one; unused otherwise).
 
     Returns
     -------
@@ -817,14 +858,18 @@ def inner(G: MetricLike, u: PyTree, v: PyTree) -> jax.Array:
     Raises
     ------
     GeometryError
-        If ``u`` and ``v`` differ in structure, or a dense ``G`` is not square of the right size,
-        finite and symmetric.
+        If ``u`` and ``v`` differ in structure, a dense ``G`` is not square of the right size,
+        finite and symmetric, or ``G`` is a :class:`~minigeo.Metric` and ``at`` is missing.
 
     Examples
     --------
     >>> import jax.numpy as jnp
     >>> from minigeo import inner
     >>> float(inner(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 1.0]), jnp.array([1.0, 1.0])))
+    5.0
+    >>> import minigeo as mg
+    >>> G = mg.metrics.diagonal(lambda p: p**2)                   # a metric field
+    >>> float(inner(G, jnp.ones(2), jnp.ones(2), at=jnp.array([1.0, 2.0])))
     5.0
 
     References
@@ -834,21 +879,25 @@ def inner(G: MetricLike, u: PyTree, v: PyTree) -> jax.Array:
     """
     u, v = _as_array(u), _as_array(v)
     check_same_structure(u, v, "the vector v", "the vector u")
-    return tree_vdot(u, flat(G, v))
+    return tree_vdot(u, flat(_at_point(G, at, "inner"), v))
 
 
-def flat(G: MetricLike, v: PyTree) -> PyTree:
+def flat(G: MetricLike, v: PyTree, *, at: PyTree | None = None) -> PyTree:
     r"""Lower an index, :math:`v^\flat = G v`: the covector :math:`\langle v, \cdot\rangle_G`.
 
     .. math:: v^\flat = G\,v,\qquad v^\flat(u) = \langle v, u\rangle_G.
 
     Parameters
     ----------
-    G : array or callable
+    G : array, callable or :class:`~minigeo.Metric`
         A dense matrix over the flattened coordinates of ``v`` (an array or a nested list; it must
-        be symmetric to round-off) or a callable ``v -> G v``.
+        be symmetric to round-off), a callable ``v -> G v``, or a :class:`~minigeo.Metric` field
+        evaluated at ``at``.
     v : array or pytree
         The vector (a list of numbers is converted to an array).
+    at : pytree, optional
+        The point :math:`\theta` at which a :class:`~minigeo.Metric` ``G`` is evaluated (required
+        for one; unused otherwise).
 
     Returns
     -------
@@ -859,7 +908,7 @@ def flat(G: MetricLike, v: PyTree) -> PyTree:
     ------
     GeometryError
         If ``v`` is not finite, a dense ``G`` is not square of the right size, finite and symmetric,
-        or ``G v`` is not structured like ``v``.
+        ``G v`` is not structured like ``v``, or ``G`` is a :class:`~minigeo.Metric` and ``at`` is missing.
 
     Examples
     --------
@@ -875,7 +924,7 @@ def flat(G: MetricLike, v: PyTree) -> PyTree:
     """
     v = _as_array(v)
     check_finite(v, "the vector v")
-    out = _as_operator(G, v, "the metric G")(v)
+    out = _as_operator(_at_point(G, at, "flat"), v, "the metric G")(v)
     check_same_structure(v, out, "G v", "the vector v")
     return out
 
@@ -888,6 +937,7 @@ def sharp(
     tol: float = 1e-6,
     maxiter: int | None = None,
     return_info: bool = False,
+    at: PyTree | None = None,
 ) -> PyTree:
     r"""Raise an index, :math:`\omega^\sharp = (G + \lambda I)^{-1}\omega`: the vector dual to a covector.
 
@@ -898,11 +948,14 @@ def sharp(
 
     Parameters
     ----------
-    G : array or callable
+    G : array, callable or :class:`~minigeo.Metric`
         Dense symmetric positive-definite matrix (solved by Cholesky; its
-        symmetry and positive definiteness are checked eagerly, by its eigenvalues)
-        or a callable ``v -> G v`` (solved by conjugate gradients, with a
-        convergence check and a curvature check :math:`p^\top G p > 0` at every step).
+        symmetry and positive definiteness are checked eagerly, by its eigenvalues),
+        a callable ``v -> G v`` (solved by conjugate gradients, with a
+        convergence check and a curvature check :math:`p^\top G p > 0` at every step),
+        or a :class:`~minigeo.Metric` field evaluated at ``at`` (solved by
+        :meth:`Metric.solve <minigeo.Metric.solve>` with ``method="cg"``, with the metric's own
+        damping plus ``damping``).
     omega : array or pytree
         The covector (a list of numbers is converted to an array).
     damping : float or jax.Array, optional
@@ -917,6 +970,9 @@ def sharp(
         ``status``, ...; see :meth:`~minigeo.Metric.solve`), the way to check a CG solve
         under ``jit``, where nothing can be raised (a matrix found not positive definite
         then gives NaN).  The dense path reports ``converged=True``.
+    at : pytree, optional
+        The point :math:`\theta` at which a :class:`~minigeo.Metric` ``G`` is evaluated (required
+        for one; unused otherwise).
 
     Returns
     -------
@@ -926,14 +982,18 @@ def sharp(
     Raises
     ------
     GeometryError
-        If ``omega`` is not finite, a dense ``G`` is not symmetric positive definite, or (eagerly) the
-        conjugate-gradient solve does not converge or finds the operator indefinite or singular.
+        If ``omega`` is not finite, a dense ``G`` is not symmetric positive definite, (eagerly) the
+        conjugate-gradient solve does not converge or finds the operator indefinite or singular, or
+        ``G`` is a :class:`~minigeo.Metric` and ``at`` is missing.
 
     Examples
     --------
     >>> import jax.numpy as jnp
     >>> from minigeo import sharp
     >>> sharp(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 4.0]))
+    Array([1., 1.], dtype=float32)
+    >>> import minigeo as mg
+    >>> sharp(mg.metrics.diagonal(lambda p: p**2), jnp.array([1.0, 4.0]), at=jnp.array([1.0, 2.0])).round(4)
     Array([1., 1.], dtype=float32)
 
     References
@@ -943,6 +1003,11 @@ def sharp(
     """
     omega = _as_array(omega)
     check_finite(omega, "the covector omega")
+    if isinstance(G, Metric):
+        _at_point(G, at, "sharp")
+        check_damping(damping)
+        damped = G if _is_zero(damping) else G.with_damping(G.damping + damping)
+        return damped.solve(at, omega, method="cg", tol=tol, maxiter=maxiter, return_info=return_info)
     if _is_matrix(G):
         x = solve_spd_dense(_as_array(G), omega, damping=damping, what="the metric G")
         if not return_info:

@@ -38,7 +38,7 @@ from ._compile import jit_per_callable
 from ._linalg import ResumableLanczos, lanczos_tridiagonal, solve_spd_cg
 from ._estimators import mean_and_standard_error, rademacher_like
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
-from .metrics import Metric, _matrix_field
+from ._metric import Metric, MetricField, _matrix_field
 
 __all__ = [
     "hvp",
@@ -53,7 +53,6 @@ __all__ = [
     "top_eigenvalues",
 ]
 
-MetricFn = Union[None, Metric, Callable[[jax.Array], jax.Array]]
 
 
 def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
@@ -151,7 +150,7 @@ def hessian(
     return H
 
 
-def _metric_at(metric_fn: MetricFn, x: jax.Array) -> jax.Array:
+def _metric_at(metric_fn: MetricField, x: jax.Array) -> jax.Array:
     d = x.shape[0]
     metric_fn = _matrix_field(metric_fn)
     if metric_fn is None:
@@ -169,7 +168,7 @@ def _check_coords(x: jax.Array, who: str) -> None:
         )
 
 
-def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> jax.Array:
+def christoffel_symbols(metric_fn: MetricField, x: jax.Array) -> jax.Array:
     r"""Christoffel symbols of the Levi-Civita connection of a metric field, indexed ``[k, i, j]``.
 
     .. math:: \Gamma^k_{ij} = \tfrac12 G^{kl}\big(\partial_i G_{lj} + \partial_j G_{li} - \partial_l G_{ij}\big),
@@ -178,8 +177,9 @@ def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Arra
 
     Parameters
     ----------
-    metric_fn : callable or :class:`~minigeo.Metric`
-        ``x -> G(x)``, the dense ``(d, d)`` metric at the coordinates ``x``.
+    metric_fn : callable, array or :class:`~minigeo.Metric`
+        ``x -> G(x)``, the dense ``(d, d)`` metric at the coordinates ``x``; a
+        :class:`~minigeo.Metric`; or a constant matrix (see :data:`~minigeo.MetricField`).
     x : array
         The 1-D coordinates, of shape ``(d,)``.
 
@@ -221,7 +221,7 @@ def christoffel_symbols(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Arra
     return Gamma
 
 
-def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn, x: jax.Array) -> jax.Array:
+def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricField, x: jax.Array) -> jax.Array:
     r"""The Riemannian Hessian of ``f`` as a bilinear form in the coordinates ``x``.
 
     .. math:: H_{ij} = \partial_i\partial_j f - \Gamma^k_{ij}\,\partial_k f.
@@ -233,8 +233,9 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn,
     ----------
     f : callable
         The scalar function of the 1-D coordinates.
-    metric_fn : callable, :class:`~minigeo.Metric` or None
-        ``x -> G(x)``; ``None`` is the Euclidean metric of these coordinates (no Christoffel term).
+    metric_fn : callable, array, :class:`~minigeo.Metric` or None
+        ``x -> G(x)``, a :class:`~minigeo.Metric` or a constant matrix (see
+        :data:`~minigeo.MetricField`); ``None`` is the Euclidean metric of these coordinates (no Christoffel term).
     x : array
         The 1-D coordinates, of shape ``(d,)``.
 
@@ -271,7 +272,7 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn,
     return H - jnp.einsum("kij,k->ij", Gamma, jax.grad(f)(x))
 
 
-def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFn, x: jax.Array) -> jax.Array:
+def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricField, x: jax.Array) -> jax.Array:
     r"""The Hessian endomorphism (shape operator) built from the Riemannian Hessian :math:`H`.
 
     .. math:: E = G^{-1}H.
@@ -286,8 +287,9 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricF
     ----------
     f : callable
         The scalar function of the 1-D coordinates.
-    metric_fn : callable, :class:`~minigeo.Metric` or None
-        ``x -> G(x)``; ``None`` is the Euclidean metric (then :math:`E = H`).
+    metric_fn : callable, array, :class:`~minigeo.Metric` or None
+        ``x -> G(x)``, a :class:`~minigeo.Metric` or a constant matrix (see
+        :data:`~minigeo.MetricField`); ``None`` is the Euclidean metric (then :math:`E = H`).
     x : array
         The 1-D coordinates, of shape ``(d,)``.
 

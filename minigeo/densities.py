@@ -34,7 +34,7 @@ from ._linalg import lanczos_tridiagonal
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .coords import Reparametrization
 from .curvature import hessian, hvp
-from .metrics import Metric, _matrix_field
+from ._metric import Metric, MetricField, _matrix_field
 
 __all__ = [
     "transform_log_density",
@@ -99,15 +99,16 @@ def transform_log_density(
     return log_q_psi
 
 
-def log_volume_element(metric_fn: Callable[[PyTree], jax.Array], x: PyTree) -> jax.Array:
+def log_volume_element(metric_fn: MetricField, x: PyTree) -> jax.Array:
     r"""The log density of the Riemannian volume form :math:`dV_G` w.r.t. Lebesgue measure.
 
     .. math:: \log\lvert\det G(x)\rvert^{1/2} = \sum_i \log L_{ii},\qquad G(x) = LL^\top.
 
     Parameters
     ----------
-    metric_fn : callable or :class:`~minigeo.Metric`
-        Maps a point to its dense metric (flattened coordinates).
+    metric_fn : callable, array or :class:`~minigeo.Metric`
+        Maps a point to its dense metric (flattened coordinates); or a :class:`~minigeo.Metric`
+        or a constant matrix (see :data:`~minigeo.MetricField`).
     x : array or pytree
         The point.
 
@@ -154,8 +155,9 @@ def log_density_wrt_volume(
     ----------
     log_q : callable
         :math:`\theta \mapsto \log q(\theta)`, a log density w.r.t. Lebesgue measure.
-    metric_fn : callable or :class:`~minigeo.Metric`
-        Maps a point to its dense metric (flattened coordinates).
+    metric_fn : callable, array or :class:`~minigeo.Metric`
+        Maps a point to its dense metric (flattened coordinates); or a :class:`~minigeo.Metric`
+        or a constant matrix (see :data:`~minigeo.MetricField`).
 
     Returns
     -------
@@ -334,16 +336,15 @@ class LaplaceEvidence(NamedTuple):
     num_params: int
 
 
-Curvature = Union[None, Metric]
 
 
 def laplace_log_marginal_likelihood(
     neg_log_joint: Callable[[PyTree], jax.Array],
     params: PyTree,
     *,
-    curvature: Curvature = None,
+    curvature: Metric | None = None,
     prior_precision: float = 0.0,
-    metric: Union[None, Callable[[jax.Array], jax.Array]] = None,
+    metric: MetricField = None,
     reparametrization: Union[None, Reparametrization, "WeightNorm"] = None,
     method: str = "dense",
     key: jax.Array | None = None,
@@ -367,8 +368,9 @@ def laplace_log_marginal_likelihood(
     prior_precision : float, optional
         Added to the diagonal of the curvature (the Hessian of an isotropic Gaussian
         prior when ``curvature`` is a GGN of the likelihood alone).
-    metric : callable or :class:`~minigeo.Metric`, optional
-        ``params -> G`` (dense, flattened coordinates) or a :class:`~minigeo.Metric`: evaluate the evidence w.r.t. the Riemannian
+    metric : callable, array or :class:`~minigeo.Metric`, optional
+        ``params -> G`` (dense, flattened coordinates), a :class:`~minigeo.Metric` or a constant
+        matrix (:data:`~minigeo.MetricField`): evaluate the evidence w.r.t. the Riemannian
         volume form :math:`dV_G`, i.e. use :math:`\log\det(G^{-1}H)`.  With the metric
         transformed along with the parameters, the result is reparametrization-invariant.
     reparametrization : :class:`~minigeo.Reparametrization` or :class:`~minigeo.WeightNorm`, optional

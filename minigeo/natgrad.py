@@ -35,7 +35,7 @@ from ._checks import (
 )
 from ._linalg import SolveInfo, check_damping, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
-from .metrics import Metric, _matrix_field
+from ._metric import Metric, MetricField, _matrix_field
 
 __all__ = [
     "gram_matrix",
@@ -46,7 +46,6 @@ __all__ = [
     "precondition_by_metric",
 ]
 
-OutputMetricFn = Union[None, Metric, Callable[[PyTree], jax.Array]]
 
 
 def _flat_jacobian(param_map: Callable[[PyTree], PyTree], xi: PyTree, max_size: int) -> jax.Array:
@@ -57,7 +56,7 @@ def _flat_jacobian(param_map: Callable[[PyTree], PyTree], xi: PyTree, max_size: 
 
 def gram_matrix(
     param_map: Callable[[PyTree], PyTree],
-    metric_fn: OutputMetricFn,
+    metric_fn: MetricField,
     xi: PyTree,
     *,
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
@@ -72,9 +71,10 @@ def gram_matrix(
     param_map : callable
         The parametrization :math:`\phi`, mapping a parameter pytree to a point of
         :math:`\mathcal Z` (array or pytree, flattened for the metric).
-    metric_fn : callable, :class:`~minigeo.Metric` or None
-        ``z -> g(z)``, the dense metric on :math:`\mathcal Z` at ``z``, or a
-        :class:`~minigeo.Metric` on :math:`\mathcal Z`; ``None`` for the Euclidean metric.
+    metric_fn : callable, array, :class:`~minigeo.Metric` or None
+        ``z -> g(z)``, the dense metric on :math:`\mathcal Z` at ``z``, a
+        :class:`~minigeo.Metric` on :math:`\mathcal Z` or a constant matrix (see
+        :data:`~minigeo.MetricField`); ``None`` for the Euclidean metric.
     xi : pytree
         The parameters.
     max_size : int, optional

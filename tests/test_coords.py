@@ -411,3 +411,125 @@ def test_scale_accepts_numpy_and_0d_jax_scalars(c):
     np.testing.assert_allclose(phi.forward(jnp.asarray([1.0, 3.0])), [2.0, 6.0])
     np.testing.assert_allclose(phi.inverse(jnp.asarray([2.0])), [1.0])
     np.testing.assert_allclose(phi.jacobian(jnp.asarray([1.0, 3.0])), 2.0 * np.eye(2))
+
+
+# ---------------------------------------------------------------------------
+# the transformation rules take the one Metric type (a field, evaluated at a point)
+# ---------------------------------------------------------------------------
+def _ggn_field(dtype):
+    """A non-constant metric field: the GGN of a small tanh net, a :class:`Metric`, and its dense truth."""
+    r = rng(21)
+    X = jnp.asarray(r.normal(size=(5, 3)), dtype)
+    y = jnp.asarray(r.normal(size=(5,)), dtype)
+    model = lambda p: jnp.tanh(X @ p[:3]) * p[3] + p[4]
+    loss = lambda z: 0.5 * jnp.mean((z - y) ** 2)
+    metric = mg.ggn(model, loss)
+
+    def dense(p):  # J^T H_z J by jacfwd, independent of minigeo's products
+        J = jax.jacfwd(model)(p)
+        return J.T @ jax.hessian(loss)(model(p)) @ J
+
+    theta = jnp.asarray(r.normal(size=5), dtype) + 1.0
+    return metric, dense, theta, r
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32], ids=["float64", "float32"])
+def test_rules_accept_a_metric_field_at_a_point(dtype):
+    metric, dense, theta, r = _ggn_field(dtype)
+    G = dense(theta) + 0.3 * jnp.eye(5, dtype=dtype)  # the GGN is rank <= 5: damp it
+    damped = metric.with_damping(0.3)
+    u, v = (jnp.asarray(r.normal(size=5), dtype) for _ in range(2))
+    tol = 200 * float(jnp.finfo(dtype).eps) * float(np.linalg.cond(np.asarray(G, np.float64)))
+    np.testing.assert_allclose(mg.inner(damped, u, v, at=theta), u @ G @ v, rtol=tol, atol=tol)
+    np.testing.assert_allclose(mg.flat(damped, v, at=theta), G @ v, rtol=tol, atol=tol)
+    x, info = mg.sharp(damped, v, at=theta, tol=10 * float(jnp.finfo(dtype).eps), return_info=True)
+    assert bool(info.converged)
+    np.testing.assert_allclose(x, np.linalg.solve(np.asarray(G, np.float64), np.asarray(v, np.float64)), rtol=tol)
+    # sharp's damping adds to the metric's own: G + (0.3 + 0.2) I
+    G2 = G + 0.2 * jnp.eye(5, dtype=dtype)
+    np.testing.assert_allclose(
+        mg.sharp(damped, v, at=theta, damping=0.2, tol=10 * float(jnp.finfo(dtype).eps)),
+        np.linalg.solve(np.asarray(G2, np.float64), np.asarray(v, np.float64)),
+        rtol=tol,
+    )
+    assert mg.flat(damped, v, at=theta).dtype == dtype
+    # the transformation rules evaluate the field at theta: same as the dense rule on G(theta)
+    phi = reparam.affine(random_invertible(r, 5).astype(dtype), jnp.zeros(5, dtype))
+    transformed = mg.transform_metric(phi, theta, damped)
+    truth = mg.transform_metric(phi, theta, G)
+    basis = jnp.eye(5, dtype=dtype)
+    np.testing.assert_allclose(jax.vmap(transformed)(basis).T, truth, rtol=tol, atol=tol * float(jnp.max(jnp.abs(truth))))
+    bil = mg.transform_bilinear(phi, theta, damped)
+    np.testing.assert_allclose(jax.vmap(bil)(basis).T, truth, rtol=tol, atol=tol * float(jnp.max(jnp.abs(truth))))
+
+
+def test_a_metric_field_needs_its_point():
+    metric, _, theta, _ = _ggn_field(jnp.float64)
+    for call in (
+        lambda: mg.inner(metric, theta, theta),
+        lambda: mg.flat(metric, theta),
+        lambda: mg.sharp(metric.with_damping(1.0), theta),
+    ):
+        with pytest.raises(mg.GeometryError, match="at=params"):
+            call()
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32], ids=["float64", "float32"])
+def test_transform_metric_field_of_a_metric_is_a_metric(dtype):
+    # the Euclidean metric in polar coordinates is diag(1, r^2) (closed form), damping included
+    polar = reparam.polar()
+    psi = jnp.array([2.0, 0.3], dtype)
+    G_psi = mg.transform_metric_field(polar, mg.euclidean())
+    assert isinstance(G_psi, mg.Metric)
+    eps = float(jnp.finfo(dtype).eps)
+    np.testing.assert_allclose(G_psi.dense(psi), np.diag([1.0, 4.0]), atol=20 * eps)
+    # a damped field: J^{-T} (G + lam I) J^{-1} = (1 + lam) diag(1, r^2) for G = I
+    damped = mg.transform_metric_field(polar, mg.euclidean().with_damping(0.5))
+    np.testing.assert_allclose(damped.dense(psi), 1.5 * np.diag([1.0, 4.0]), atol=40 * eps)
+    assert float(damped.damping) == 0.0
+    # and a non-constant field against the dense-field rule, then its Christoffel symbols
+    metric, dense, theta, r = _ggn_field(dtype)
+    phi = reparam.compose(reparam.log(), reparam.affine(random_invertible(r, 5).astype(dtype), jnp.zeros(5, dtype)))
+    point = jnp.abs(theta) + 0.5
+    psi5 = phi.forward(point)
+    as_metric = mg.transform_metric_field(phi, metric.with_damping(0.1))
+    as_matrix = mg.transform_metric_field(phi, lambda t: dense(t) + 0.1 * jnp.eye(5, dtype=dtype))
+    truth = as_matrix(psi5)
+    tol = 500 * eps
+    np.testing.assert_allclose(as_metric.dense(psi5), truth, rtol=tol, atol=tol * float(jnp.max(jnp.abs(truth))))
+    if dtype == jnp.float64:
+        np.testing.assert_allclose(
+            mg.christoffel_symbols(as_metric, psi5), mg.christoffel_symbols(as_matrix, psi5), rtol=1e-8, atol=1e-10
+        )
+
+
+def test_damping_of_a_metric_field_is_traced_in_sharp():
+    # a jitted caller of sharp(Metric) takes the metric as an argument: new damping, no new trace
+    metric, dense, theta, r = _ggn_field(jnp.float64)
+    traces = []
+
+    @jax.jit
+    def solve(G, w):
+        traces.append(1)
+        return mg.sharp(G, w, at=theta, tol=1e-12, return_info=True)
+
+    w = jnp.asarray(r.normal(size=5))
+    for lam in (0.1, 0.7):
+        x, info = solve(metric.with_damping(lam), w)
+        assert int(info.status) == 0
+        np.testing.assert_allclose(x, np.linalg.solve(dense(theta) + lam * np.eye(5), w), rtol=1e-8)
+    assert len(traces) == 1
+
+
+def test_metric_fields_accept_a_constant_matrix():
+    # MetricField: a constant matrix is a flat metric: zero Christoffel symbols, Riemannian Hessian = Hessian
+    r = rng(22)
+    G = random_spd(r, 3)
+    x = jnp.asarray(r.normal(size=3))
+    np.testing.assert_allclose(mg.christoffel_symbols(G, x), np.zeros((3, 3, 3)), atol=1e-14)
+    f = lambda z: jnp.sum(jnp.sin(z) * z**2)
+    np.testing.assert_allclose(mg.riemannian_hessian(f, G, x), jax.hessian(f)(x), rtol=1e-12)
+    np.testing.assert_allclose(
+        mg.hessian_endomorphism(f, G, x), np.linalg.solve(G, jax.hessian(f)(x)), rtol=1e-10
+    )
+    np.testing.assert_allclose(mg.log_volume_element(G, x), 0.5 * np.linalg.slogdet(G)[1], rtol=1e-12)

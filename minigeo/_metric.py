@@ -1,0 +1,709 @@
+r"""The one metric type, :class:`Metric`, and its converter :func:`as_metric` (floor 1, chapter 2).
+
+A metric field :math:`\theta \mapsto G(\theta)` given by matrix-vector products, a pytree whose
+only leaf is its damping; the simple fields (:func:`euclidean`, :func:`diagonal`, :func:`dense`);
+and :func:`as_metric`, which turns a matrix, a matrix field, a product function or an operator at
+one point into a :class:`Metric`.  It sits below every module that takes a metric
+(:mod:`minigeo.coords` evaluates it at a point, :mod:`minigeo.metrics` builds the pullback family
+on it, the floors above solve with it); re-exported by :mod:`minigeo.metrics` and :mod:`minigeo`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._checks import (
+    GeometryError,
+    as_array,
+    as_float_point,
+    check_finite,
+    check_same_structure,
+    check_spd,
+    check_symmetric,
+    is_concrete,
+    is_matrix,
+    symmetry_rtol,
+)
+from ._compile import jit_per_callable
+from ._linalg import (
+    SolveInfo,
+    _is_zero,
+    add_damping,
+    check_cg_solution,
+    check_damping,
+    solve_spd_cg,
+    solve_spd_dense,
+)
+from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
+
+MvFn = Callable[[PyTree, PyTree], PyTree]
+
+
+@dataclass(frozen=True)
+class Metric:
+    r"""A metric field :math:`\theta \mapsto G(\theta)` given by matrix-vector products.
+
+    .. math:: v \mapsto (G(\theta) + \lambda I)\,v,\qquad \langle u, v\rangle_{G(\theta)} = u^\top G(\theta)\,v.
+
+    Parameters
+    ----------
+    mv_fn : callable
+        ``mv_fn(params, v)`` returns :math:`G(\theta) v` (without damping).
+    name : str, optional
+        Shown in error messages.
+    damping : float or array, optional
+        :math:`\lambda \ge 0`; :meth:`mv` returns :math:`(G + \lambda I) v`, with :math:`G` the
+        operator of ``mv_fn``.  A Python number, NumPy scalar, 0-d JAX array or a traced
+        value; negative or NaN values raise :class:`GeometryError` (when concrete).
+    compiled : bool, optional
+        ``True`` (default): eager :meth:`mv` calls are compiled once per ``mv_fn`` and input
+        shapes (see *Compilation* below).  ``False``: run ``mv_fn`` op by op, for product
+        functions whose value checks need concrete arrays (:func:`diagonal`, :func:`dense`).
+
+    Raises
+    ------
+    GeometryError
+        If ``mv_fn`` is not callable, or ``damping`` is not a scalar or (when concrete) negative or NaN.
+
+    Notes
+    -----
+    **One meaning of damping** throughout minigeo: damping :math:`\lambda` is always *added*,
+    the operator :math:`G + \lambda I`.  :meth:`with_damping` sets the metric's own damping
+    (``G.with_damping(a).with_damping(b)`` has damping ``b``, not ``a + b``), and
+    :func:`~minigeo.natural_gradient` ``(metric, ..., damping=c)`` solves with
+    ``metric.mv + c I``, i.e. :math:`G + (\lambda + c) I`; so for an undamped ``G``,
+    ``natural_gradient(G, p, g, damping=c)`` equals ``G.with_damping(c).solve(p, g)``.
+
+    **A pytree.**  ``damping`` is a leaf and ``mv_fn``, ``name``, ``compiled`` are static, so a
+    metric can be passed to a jitted function and its damping changed without recompiling.
+
+    **Compilation.**  Eager :meth:`mv` and :meth:`solve` calls are compiled the first time for
+    a given ``mv_fn`` and input shapes and reused afterwards (a transformer's GGN product is
+    otherwise traced op by op and its block scan recompiled at every call).  The compilation is
+    redone when a closure variable or a global read by ``mv_fn`` (or the functions it calls, two
+    levels deep) is rebound, and dropped when ``mv_fn`` is garbage-collected; like ``jax.jit``,
+    it cannot see an object mutated in place.
+
+    :meth:`dense` builds the matrix afresh at every call (nothing is cached on the
+    metric or its functions), so a metric whose function reads changing state gives
+    the current matrix, and metrics made in a loop are garbage-collected.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> G = mg.metrics.diagonal(jnp.array([1.0, 4.0]))
+    >>> G.mv(jnp.zeros(2), jnp.array([1.0, 1.0]))
+    Array([1., 4.], dtype=float32)
+    >>> G.with_damping(0.5).dense(jnp.zeros(2))
+    Array([[1.5, 0. ],
+           [0. , 4.5]], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2; Grosse (2022), CSC2541 lecture 3 *Metrics*
+    (matrix-vector products). Chapter 2.
+    """
+
+    mv_fn: MvFn
+    name: str = "metric"
+    damping: float = 0.0
+    compiled: bool = True
+
+    def __post_init__(self) -> None:
+        if not callable(self.mv_fn):
+            raise GeometryError(f"Metric needs a callable mv_fn(params, v); got {type(self.mv_fn).__name__}.")
+        check_damping(self.damping, f"{self.name}: damping")
+
+    def mv(self, params: PyTree, v: PyTree) -> PyTree:
+        r"""The damped matrix-vector product at ``params``.
+
+        .. math:: v \mapsto (G(\theta) + \lambda I)\,v.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+        v : pytree
+            A tangent vector shaped like ``params``; lists of numbers are converted to arrays.
+
+        Returns
+        -------
+        pytree
+            :math:`(G + \lambda I)v`, shaped like ``params``.
+
+        Raises
+        ------
+        GeometryError
+            For empty or integer inputs, or if ``v`` does not have the structure of ``params``.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).with_damping(1.0).mv(jnp.zeros(2), jnp.ones(2))
+        Array([2., 5.], dtype=float32)
+
+        References
+        ----------
+        Grosse (2022), CSC2541 lecture 3 *Metrics* (matrix-vector products). Chapter 2.
+        """
+        params = as_float_point(params, "params")
+        v = as_float_point(v, "the vector v")
+        check_same_structure(params, v, "the vector v", "params")
+        if not self.compiled:
+            return add_damping(lambda u: self.mv_fn(params, u), self.damping)(v)
+        if _is_zero(self.damping):
+            return _compiled_mv(self.mv_fn, params, v)
+        return _compiled_damped_mv(self.mv_fn, params, v, self.damping)
+
+    def at(self, params: PyTree) -> Callable[[PyTree], PyTree]:
+        r"""The linear map at a fixed point (what the rules of :mod:`minigeo.coords` apply).
+
+        .. math:: v \mapsto (G(\theta) + \lambda I)\,v \quad\text{at fixed }\theta.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+
+        Returns
+        -------
+        callable
+            ``v -> self.mv(params, v)`` (a ``MetricLike``).
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).at(jnp.zeros(2))(jnp.ones(2))
+        Array([1., 4.], dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (the metric at one point). Chapter 2.
+        """
+        return lambda v: self.mv(params, v)
+
+    def inner(self, params: PyTree, u: PyTree, v: PyTree) -> jax.Array:
+        r"""The inner product of two tangent vectors at ``params``.
+
+        .. math:: \langle u, v\rangle_{G(\theta)} = u^\top (G(\theta) + \lambda I)\,v.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+        u, v : pytree
+            Tangent vectors shaped like ``params``.
+
+        Returns
+        -------
+        jax.Array
+            The scalar inner product.
+
+        Raises
+        ------
+        GeometryError
+            If ``u`` and ``v`` do not have the structure of ``params``.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).inner(jnp.zeros(2), jnp.ones(2), jnp.ones(2))
+        Array(5., dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 2.2, Example 3(c). Chapter 2.
+        """
+        check_same_structure(u, v, "the vector v", "the vector u")
+        return tree_vdot(u, self.mv(params, v))
+
+    def with_damping(self, damping: Any) -> "Metric":
+        r"""The same metric with damping :math:`\lambda`.
+
+        .. math:: G(\theta) \mapsto G(\theta) + \lambda I.
+
+        Replaces any previous ``with_damping`` value (it does not accumulate).
+
+        Parameters
+        ----------
+        damping : float or array
+            :math:`\lambda \ge 0`: a Python number, NumPy scalar, 0-d array or a traced value.
+
+        Returns
+        -------
+        :class:`~minigeo.Metric`
+            A new metric with the same ``mv_fn``, ``name`` and ``compiled``.
+
+        Raises
+        ------
+        GeometryError
+            If ``damping`` is negative or NaN (when concrete), or not a scalar.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> float(mg.metrics.euclidean().with_damping(1.0).with_damping(0.5).damping)  # replaces, no sum
+        0.5
+
+        References
+        ----------
+        No formula from the source papers (damping is a numerical device). Chapters 2 and 3.
+        """
+        return Metric(self.mv_fn, self.name, damping, self.compiled)
+
+    def dense(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
+        r"""The dense ``d x d`` matrix over the flattened parameters (``ravel_pytree`` order).
+
+        .. math:: [G(\theta) + \lambda I]_{:, i} = (G(\theta) + \lambda I)\,e_i,\qquad i = 1, \dots, d.
+
+        Built from ``d`` matrix-vector products vectorised with ``vmap``, afresh at
+        every call: nothing is cached on the metric or on the user's functions, so a
+        function that reads changing state gives the current matrix (wrap the call in
+        ``jax.jit`` yourself to compile it).  :meth:`check_positive_definite` checks the result.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+        max_size : int, optional
+            Largest number of parameters for which the matrix is built.
+
+        Returns
+        -------
+        jax.Array
+            The ``(d, d)`` matrix, damping included.
+
+        Raises
+        ------
+        GeometryError
+            Above ``max_size`` parameters, or for non-finite parameters.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).dense(jnp.zeros(2))
+        Array([[1., 0.],
+               [0., 4.]], dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a matrix field). Chapter 2.
+        """
+        params = as_float_point(params, "params")
+        check_dense_size(tree_size(params), max_size, f"The {self.name} metric")
+        check_finite(params, "params")
+        return _dense_matrix(self, params)
+
+    def solve(
+        self,
+        params: PyTree,
+        rhs: PyTree,
+        *,
+        method: str = "cg",
+        tol: float = 1e-6,
+        maxiter: int | None = None,
+        max_size: int = DEFAULT_MAX_DENSE_SIZE,
+        return_info: bool = False,
+    ) -> PyTree | tuple[PyTree, SolveInfo]:
+        r"""Solve with the damped metric: conjugate gradients (``"cg"``) or Cholesky (``"dense"``).
+
+        .. math:: x = (G(\theta) + \lambda I)^{-1}\,\mathrm{rhs}.
+
+        ``rhs = 0`` gives 0.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+        rhs : pytree
+            The right-hand side, shaped like ``params``.
+        method : {"cg", "dense"}, optional
+            Matrix-free conjugate gradients, or Cholesky on the dense matrix.
+        tol : float, optional
+            CG relative tolerance.
+        maxiter : int, optional
+            CG iteration limit.
+        max_size : int, optional
+            Largest number of parameters for ``method="dense"``.
+        return_info : bool, optional
+            Under ``jit`` no exception can be raised: pass ``True`` to get ``(x, info)``, where
+            ``info`` is a ``SolveInfo`` named tuple (``converged``, ``status``: 0 converged,
+            1 ``maxiter`` reached, 2 not positive definite, 3 non-finite; ``iterations``,
+            ``residual``, ``curvature``) to check.  With status 2 or 3 ``x`` is NaN.
+            ``method="dense"`` reports ``converged=True`` (under ``jit`` a failed Cholesky gives NaN).
+
+        Returns
+        -------
+        pytree or tuple
+            ``x`` shaped like ``params``; ``(x, info)`` if ``return_info``.
+
+        Raises
+        ------
+        GeometryError
+            Eagerly, if the (damped) metric is not symmetric, singular or indefinite (dense: by
+            its eigenvalues; CG: by the curvature :math:`p^\top A p \le 0` met along the search
+            directions), or if CG did not converge, with the advice to add damping; also for an
+            unknown ``method``, mismatched structures or non-finite inputs.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).solve(jnp.zeros(2), jnp.array([1.0, 4.0])).round(4)
+        Array([1., 1.], dtype=float32)
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (preconditioning by :math:`G^{-1}`). Chapter 3.
+        """
+        params = as_float_point(params, "params")
+        rhs = as_float_point(rhs, "the right-hand side")
+        check_same_structure(params, rhs, "the right-hand side", "params")
+        check_finite(params, "params")
+        if method == "dense":
+            x = solve_spd_dense(
+                self.with_damping(0.0).dense(params, max_size=max_size),
+                rhs,
+                damping=self.damping,
+                what=f"the {self.name} metric",
+            )
+            return (x, _dense_info(x)) if return_info else x
+        if method == "cg":
+            what = f"the {self.name} metric"
+            if not (self.compiled and is_concrete(params, rhs, self.damping)):
+                return solve_spd_cg(self.at(params), rhs, tol=tol, maxiter=maxiter, what=what, return_info=return_info)
+            check_finite(rhs, "the right-hand side")
+            x, info = _compiled_cg(self.mv_fn, self, params, rhs, tol=tol, maxiter=maxiter)
+            check_cg_solution(self.at(params), rhs, x, info, tol=tol, maxiter=maxiter, what=what)
+            return (x, info) if return_info else x
+        raise GeometryError(f"Metric.solve: method must be 'cg' or 'dense', got {method!r}.")
+
+    def check_positive_definite(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> None:
+        r"""Raise unless the dense (damped) metric is symmetric positive definite.
+
+        .. math:: G(\theta) + \lambda I = (G(\theta) + \lambda I)^\top \succ 0.
+
+        Parameters
+        ----------
+        params : pytree
+            The point :math:`\theta`.
+        max_size : int, optional
+            Largest number of parameters for which the dense matrix is built.
+
+        Returns
+        -------
+        None
+
+        Raises
+        ------
+        GeometryError
+            If the matrix is not symmetric or not positive definite, or as :meth:`dense` raises.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).check_positive_definite(jnp.zeros(2))
+
+        References
+        ----------
+        Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric is positive definite). Chapter 2.
+        """
+        G = self.dense(params, max_size=max_size)
+        check_spd(
+            G,
+            f"the {self.name} metric" + (" + damping * I" if is_concrete(self.damping) and not _zero(self.damping) else ""),
+            rtol=symmetry_rtol(G),
+        )
+
+
+def _metric_flatten(metric: Metric) -> tuple[tuple[Any], tuple[Any, str, bool]]:
+    return (metric.damping,), (metric.mv_fn, metric.name, metric.compiled)
+
+
+def _metric_unflatten(aux: tuple[Any, str, bool], children: tuple[Any]) -> Metric:
+    metric = object.__new__(Metric)  # no validation: jax rebuilds metrics with tracers or placeholders
+    for name, value in zip(("mv_fn", "name", "compiled", "damping"), (*aux, children[0])):
+        object.__setattr__(metric, name, value)
+    return metric
+
+
+jax.tree_util.register_pytree_node(Metric, _metric_flatten, _metric_unflatten)
+
+_compiled_mv = jit_per_callable(lambda mv_fn, params, v: mv_fn(params, v))
+_compiled_damped_mv = jit_per_callable(
+    lambda mv_fn, params, v, damping: add_damping(lambda u: mv_fn(params, u), damping)(v)
+)
+
+
+
+def _cg(_mv_fn: Any, metric: Metric, params: PyTree, rhs: PyTree, *, tol: float, maxiter: int | None):
+    """``(x, info)`` of CG on the damped metric (``_mv_fn``: the callable the compilation is cached on)."""
+    return solve_spd_cg(metric.at(params), rhs, tol=tol, maxiter=maxiter, return_info=True)
+
+
+_compiled_cg = jit_per_callable(_cg, static_argnames=("tol", "maxiter"))
+
+
+def _zero(damping: Any) -> bool:
+    return float(np.asarray(damping)) == 0.0
+
+
+def _dense_info(x: PyTree) -> SolveInfo:
+    dtype = jnp.result_type(*jax.tree_util.tree_leaves(x))
+    zero = jnp.zeros((), dtype)
+    return SolveInfo(jnp.asarray(True), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), zero, zero)
+
+
+def _dense_matrix(metric: Metric, params: PyTree) -> jax.Array:
+    """The d x d matrix from d products vectorised with vmap (no cache: see :meth:`Metric.dense`)."""
+    flat, unravel = ravel(params)
+    basis = jnp.eye(flat.size, dtype=flat.dtype)
+    return jax.vmap(lambda e: ravel(metric.mv(params, unravel(e)))[0])(basis).T
+
+
+# ---------------------------------------------------------------------------
+# simple metrics
+# ---------------------------------------------------------------------------
+def euclidean() -> Metric:
+    r"""The Euclidean metric: what plain gradient descent assumes.
+
+    .. math:: G(\theta) = I.
+
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The metric with ``mv(params, v) = v``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.metrics.euclidean().mv(jnp.zeros(2), jnp.array([1.0, 2.0]))
+    Array([1., 2.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (gradient descent implicitly assumes :math:`G = I`).
+    Chapters 1 and 2.
+    """
+    return Metric(lambda params, v: v, "euclidean")
+
+
+def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
+    r"""A diagonal metric with positive weights, constant or a function of the parameters.
+
+    .. math:: G(\theta) = \mathrm{diag}\big(w(\theta)\big).
+
+    Parameters
+    ----------
+    weights : pytree or callable
+        A positive pytree like the parameters, or ``params -> w`` returning one.
+
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The metric, with ``mv(params, v) = w * v`` leaf by leaf (``compiled=False``).
+
+    Raises
+    ------
+    GeometryError
+        From its products: if ``w`` does not match the parameters' structure, or (when concrete) is
+        not finite or has weights :math:`\le 0`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> mg.metrics.diagonal(lambda p: p**2).mv(jnp.array([2.0, 3.0]), jnp.ones(2))
+    Array([4., 9.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 4.1 (diagonal preconditioners such as Adam's). Chapter 2.
+    """
+    weight_fn = weights if callable(weights) else (lambda params: weights)
+
+    def mv(params: PyTree, v: PyTree) -> PyTree:
+        w = weight_fn(params)
+        check_same_structure(params, w, "the diagonal weights", "params")
+        if is_concrete(w):
+            check_finite(w, "the diagonal weights")
+            bad = sum(int(np.sum(np.asarray(x) <= 0)) for x in jax.tree_util.tree_leaves(w))
+            if bad:
+                raise GeometryError(
+                    f"diagonal metric: {bad} weight(s) are <= 0, so the metric is not positive definite. "
+                    "Use positive weights, or add damping (metric.with_damping(1e-3))."
+                )
+        return jax.tree_util.tree_map(lambda a, b: a * b, w, v)
+
+    return Metric(mv, "diagonal", compiled=False)
+
+
+def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
+    r"""A metric given by a dense matrix field over the flattened parameters.
+
+    .. math:: v \mapsto G(\theta)\,v,\qquad G(\theta) \in \mathbb R^{d\times d}.
+
+    Parameters
+    ----------
+    matrix_fn : callable
+        ``params -> G(params)``, a symmetric ``(d, d)`` matrix, ``d`` the number of parameters.
+
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The metric (``compiled=False``, so its checks see concrete values).
+
+    Raises
+    ------
+    GeometryError
+        From its products: if the matrix has the wrong shape, is not finite, or (when concrete) is
+        not symmetric: an asymmetry above ``max(64 d, 1000)`` machine epsilons relative to its
+        largest entry.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> G = mg.metrics.dense(lambda p: jnp.array([[2.0, 1.0], [1.0, 2.0]]))
+    >>> G.mv(jnp.zeros(2), jnp.array([1.0, 0.0]))
+    Array([2., 1.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a positive-definite matrix field). Chapter 2.
+    """
+
+    def mv(params: PyTree, v: PyTree) -> PyTree:
+        matrix = matrix_fn(params)
+        size = tree_size(params)
+        if jnp.shape(matrix) != (size, size):
+            raise GeometryError(
+                f"dense metric: matrix_fn returned shape {jnp.shape(matrix)}, but the parameters have {size} "
+                f"coordinates, so a {size}x{size} matrix is needed."
+            )
+        check_finite(matrix, "dense metric: matrix_fn(params)")
+        check_symmetric(matrix, "dense metric: matrix_fn(params)")
+        flat_v, unravel = ravel(v)
+        return unravel(matrix @ flat_v)
+
+    return Metric(mv, "dense", compiled=False)
+
+
+_KINDS = ("matrix_field", "product", "operator")
+
+
+def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
+    r"""The one metric type: turn any way of giving a metric into a :class:`Metric`.
+
+    ================================  ==========================  ===========================================
+    ``obj``                           ``kind``                    the metric field
+    ================================  ==========================  ===========================================
+    a :class:`Metric`                 (any)                       itself
+    ``None``                          (any)                       :func:`~minigeo.euclidean`
+    a square matrix :math:`M`         (any)                       the constant field :math:`G(\theta) = M`
+    ``x -> G(x)`` (a matrix)          ``"matrix_field"``          :func:`~minigeo.dense_metric` ``(obj)``
+    ``(params, v) -> G v``            ``"product"``               ``Metric(obj)``
+    ``v -> G v`` (at one point)       ``"operator"``              the constant field with that product
+    ================================  ==========================  ===========================================
+
+    A callable alone is ambiguous (``x -> G(x)`` and ``v -> G v`` both take one argument), so
+    ``kind`` must say which.  Every minigeo function that takes a metric accepts a
+    :class:`Metric`: the matrix-field functions of chapters 3 to 5 (:func:`~minigeo.christoffel_symbols`,
+    :func:`~minigeo.riemannian_hessian`, :func:`~minigeo.hessian_endomorphism`, :func:`~minigeo.gram_matrix`,
+    :func:`~minigeo.log_volume_element`, :func:`~minigeo.log_density_wrt_volume`,
+    :func:`~minigeo.laplace_log_marginal_likelihood`) use its dense matrix, the matrix-free ones
+    (:func:`~minigeo.trace_estimate`, :func:`~minigeo.top_eigenvalues`, :func:`~minigeo.natural_gradient`, the
+    :mod:`~minigeo.operators`) its products, and the rules of :mod:`minigeo.coords` evaluate it at
+    their point (``theta``, or ``at=params`` for :func:`~minigeo.inner`, :func:`~minigeo.flat` and
+    :func:`~minigeo.sharp`).
+
+    Parameters
+    ----------
+    obj : :class:`~minigeo.Metric`, None, array or callable
+        A :class:`Metric`, ``None``, a square matrix, or a callable described by ``kind``.
+    kind : {"matrix_field", "product", "operator"}, optional
+        Needed for callables only.
+
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        The metric field.
+
+    Raises
+    ------
+    GeometryError
+        For a callable without ``kind``, an unknown ``kind``, a matrix that is not square, finite and
+        symmetric, or an object that is none of the above.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> polar = mg.as_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])), kind="matrix_field")
+    >>> polar.dense(jnp.array([2.0, 0.3]))
+    Array([[1., 0.],
+           [0., 4.]], dtype=float32)
+    >>> mg.as_metric(jnp.array([[2.0, 1.0], [1.0, 2.0]])).mv(jnp.zeros(2), jnp.array([1.0, 0.0]))
+    Array([2., 1.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a positive-definite matrix field). Chapter 2.
+    """
+    if kind is not None and kind not in _KINDS:
+        raise GeometryError(f"as_metric: kind must be one of {_KINDS} or None, got {kind!r}.")
+    if isinstance(obj, Metric):
+        return obj
+    if obj is None:
+        return euclidean()
+    if is_matrix(obj):
+        matrix = jnp.asarray(as_array(obj))
+        if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
+            raise GeometryError(f"as_metric: a matrix metric must be square, got shape {matrix.shape}.")
+        check_finite(matrix, "as_metric: the matrix")
+        check_symmetric(matrix, "as_metric: the matrix")
+        return dense(lambda params: matrix)
+    if callable(obj):
+        if kind == "matrix_field":
+            return dense(obj)
+        if kind == "product":
+            return Metric(obj, "metric")
+        if kind == "operator":
+            return Metric(lambda params, v: obj(v), "metric (one point)")
+        raise GeometryError(
+            "as_metric: a callable is ambiguous; say what it computes: kind='matrix_field' (x -> G(x), a "
+            "matrix), kind='product' ((params, v) -> G v) or kind='operator' (v -> G v at one point)."
+        )
+    raise GeometryError(
+        f"as_metric: cannot make a metric from {type(obj).__name__}; pass a Metric, None, a square matrix or "
+        "a callable with kind=..."
+    )
+
+
+#: A metric field as the dense-coordinate functions of chapters 3 to 5 take it (Christoffel symbols,
+#: Riemannian Hessian, Gram matrix, volume element, Laplace evidence): ``None`` (Euclidean), a
+#: :class:`Metric` (its dense matrix at each point), a constant square matrix, or ``x -> G(x)``.
+MetricField = Union[None, Metric, jax.Array, np.ndarray, Callable[[jax.Array], jax.Array]]
+
+
+def _matrix_field(metric: MetricField) -> Callable[[jax.Array], jax.Array] | None:
+    """``x -> G(x)`` (or ``None``) for the dense-coordinate routines; see :data:`MetricField`."""
+    if isinstance(metric, Metric):
+        return lambda x: metric.dense(x)
+    if is_matrix(metric):
+        matrix = jnp.asarray(as_array(metric))
+        return lambda x: matrix
+    return metric
