@@ -339,8 +339,9 @@ class Metric:
         return_info : bool, optional
             Under ``jit`` no exception can be raised: pass ``True`` to get ``(x, info)``, where
             ``info`` is a ``SolveInfo`` named tuple (``converged``, ``status``: 0 converged,
-            1 ``maxiter`` reached, 2 not positive definite, 3 non-finite; ``iterations``,
-            ``residual``, ``curvature``) to check.  With status 2 or 3 ``x`` is NaN.
+            1 ``maxiter`` reached, 2 not positive definite, 3 non-finite, 4 true residual above
+            tolerance after residual replacement (round-off); ``iterations``, ``residual`` (the true
+            relative residual), ``curvature``) to check.  With status 2 or 3 ``x`` is NaN.
             ``method="dense"`` reports ``converged=True`` (under ``jit`` a failed Cholesky gives NaN).
 
         Returns

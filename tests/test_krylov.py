@@ -11,6 +11,7 @@ import pytest
 from helpers import random_spd, rng
 
 import minigeo as mg
+from minigeo import GeometryError
 from minigeo._linalg import CG_CONVERGED, CG_MAX_ITERATIONS, CG_NONPOSITIVE_CURVATURE, solve_spd_cg
 
 DTYPES = [jnp.float64, jnp.float32]
@@ -210,3 +211,54 @@ def test_cg_is_differentiable():
     f = lambda t: jnp.sum(mg.sharp(lambda u: jnp.asarray(A) @ u, jnp.asarray(b), damping=t, tol=1e-13))
     M = np.linalg.inv(A + 0.3 * np.eye(5))
     np.testing.assert_allclose(jax.grad(f)(0.3), -np.sum(M @ M @ b), rtol=1e-8)
+
+
+# ---------------------------------------------------------------------------
+# the status under jit is the one an eager call checks: the true residual, not the recurrence's
+# ---------------------------------------------------------------------------
+def _ill_conditioned(seed: int, n: int, cond: float):
+    r = np.random.default_rng(seed)
+    q, _ = np.linalg.qr(r.normal(size=(n, n)))
+    A64 = (q * np.geomspace(1 / cond, 1, n)) @ q.T
+    return A64, np.asarray(r.normal(size=n))
+
+
+def _true_residual(A64, b, x):
+    b64 = np.asarray(b, np.float64)
+    return np.linalg.norm(b64 - A64 @ np.asarray(x, np.float64)) / np.linalg.norm(b64)
+
+
+@pytest.mark.parametrize("cond", [3e2, 8e3, 1e5])
+def test_cg_under_jit_reports_the_true_residual_in_float32(cond):
+    # In float32 the CG recurrence drifts from b - Ax: before the fix, a jitted solve reported
+    # "converged" (status 0) at true residuals of 20 to 8000 times tol on these operators.
+    from minigeo._linalg import CG_INACCURATE
+
+    A64, b64 = _ill_conditioned(4, 200, cond)
+    A, b = jnp.asarray(A64, jnp.float32), jnp.asarray(b64, jnp.float32)
+    tol = 1e-5
+    solve = jax.jit(lambda b: solve_spd_cg(lambda v: A @ v, b, tol=tol, maxiter=5000, return_info=True))
+    x, info = solve(b)
+    true = _true_residual(A64, b, x)
+    # the reported residual is the true one (up to float32 round-off in computing it)
+    np.testing.assert_allclose(float(info.residual), true, rtol=0.25)
+    floor = 100 * float(jnp.finfo(jnp.float32).eps)
+    if int(info.status) == CG_CONVERGED:
+        assert true <= max(10 * tol, 2 * floor)
+    else:
+        assert int(info.status) == CG_INACCURATE and true > 10 * tol and not bool(info.converged)
+        with pytest.raises(GeometryError, match="round-off"):
+            solve_spd_cg(lambda v: A @ v, b, tol=tol, maxiter=5000)
+    if cond >= 8e3:  # attainable accuracy ~ eps * cond: these cannot reach tol in float32
+        assert int(info.status) == CG_INACCURATE
+
+
+def test_cg_residual_replacement_is_exact_in_float64():
+    A64, b64 = _ill_conditioned(4, 200, 1e5)
+    A, b = jnp.asarray(A64), jnp.asarray(b64)
+    x, info = jax.jit(lambda b: solve_spd_cg(lambda v: A @ v, b, tol=1e-10, maxiter=5000, return_info=True))(b)
+    assert int(info.status) == CG_CONVERGED
+    true = _true_residual(A64, b, x)
+    assert true <= 1e-10
+    np.testing.assert_allclose(float(info.residual), true, rtol=1e-3)
+    np.testing.assert_allclose(x, np.linalg.solve(A64, b64), rtol=1e-4)
