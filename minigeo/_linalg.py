@@ -302,7 +302,7 @@ def solve_spd_cg(
     damped = add_damping(op, damping)
     if is_concrete(rhs):
         damped(rhs)  # one eager product: runs the value checks inside the operator (traced in the loop below)
-    flat_b, unravel, maxiter, eps, tol_eff, matvec = _cg_setup(damped, rhs, tol, maxiter)
+    flat_b, unravel, maxiter, _, tol_eff, matvec = _cg_setup(damped, rhs, tol, maxiter)
 
     def solve(mv, b):
         return _cg_flat(mv, b, tol_eff, maxiter)
@@ -312,7 +312,7 @@ def solve_spd_cg(
     flat_x = jnp.where(failed, jnp.nan, flat_x)
     solution = unravel(flat_x)
     if is_concrete(flat_x, info):
-        _raise_on_cg_failure(matvec, flat_b, flat_x, info, tol_eff, eps, maxiter, what)
+        _raise_on_cg_failure(matvec, flat_b, info, tol_eff, maxiter, what)
     return (solution, info) if return_info else solution
 
 
@@ -335,14 +335,17 @@ def _cg_setup(op: Callable[[PyTree], PyTree], rhs: PyTree, tol: Any, maxiter: in
 
 
 def check_cg_solution(
-    op: Callable[[PyTree], PyTree], rhs: PyTree, x: PyTree, info: SolveInfo, *, tol: float, maxiter: int | None, what: str
+    op: Callable[[PyTree], PyTree], rhs: PyTree, info: SolveInfo, *, tol: float, maxiter: int | None, what: str
 ) -> None:
-    """Eagerly, the checks :func:`solve_spd_cg` makes, for a solution computed elsewhere (e.g. compiled)."""
-    flat_b, _, maxiter, eps, tol_eff, matvec = _cg_setup(op, rhs, tol, maxiter)
-    _raise_on_cg_failure(matvec, flat_b, ravel(x)[0], info, tol_eff, eps, maxiter, what)
+    """Eagerly, the errors :func:`solve_spd_cg` raises, for the ``info`` of a solve run elsewhere (e.g. compiled).
+
+    The status already accounts for the true residual (:func:`_cg_flat`), so the solution itself is not needed.
+    """
+    flat_b, _, maxiter, _, tol_eff, matvec = _cg_setup(op, rhs, tol, maxiter)
+    _raise_on_cg_failure(matvec, flat_b, info, tol_eff, maxiter, what)
 
 
-def _raise_on_cg_failure(matvec, b, x, info: SolveInfo, tol: float, eps: float, maxiter: int, what: str) -> None:
+def _raise_on_cg_failure(matvec, b, info: SolveInfo, tol: float, maxiter: int, what: str) -> None:
     status = int(info.status)
     k = int(info.iterations)
     curv = float(info.curvature)
@@ -369,8 +372,8 @@ def _raise_on_cg_failure(matvec, b, x, info: SolveInfo, tol: float, eps: float, 
         )
     if status == CG_INACCURATE:
         raise GeometryError(
-            f"conjugate gradients on {what} did not reach tol={tol:.3g}: after {k} iterations and three restarts "
-            f"from the true residual, the true relative residual is {float(info.residual):.3g} (round-off limits "
+            f"conjugate gradients on {what} did not reach tol={tol:.3g}: after {k} iterations and up to three "
+            f"restarts from the true residual, the true relative residual is {float(info.residual):.3g} (round-off limits "
             "the accuracy). The operator is badly conditioned for this dtype: add damping (e.g. damping=1e-3), "
             "use float64, or loosen tol."
         )

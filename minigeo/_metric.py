@@ -386,7 +386,7 @@ class Metric:
                 return solve_spd_cg(self.at(params), rhs, tol=tol, maxiter=maxiter, what=what, return_info=return_info)
             check_finite(rhs, "the right-hand side")
             x, info = _compiled_cg(self.mv_fn, self, params, rhs, tol=tol, maxiter=maxiter)
-            check_cg_solution(self.at(params), rhs, x, info, tol=tol, maxiter=maxiter, what=what)
+            check_cg_solution(self.at(params), rhs, info, tol=tol, maxiter=maxiter, what=what)
             return (x, info) if return_info else x
         raise GeometryError(f"Metric.solve: method must be 'cg' or 'dense', got {method!r}.")
 
@@ -424,7 +424,7 @@ class Metric:
         G = self.dense(params, max_size=max_size)
         check_spd(
             G,
-            f"the {self.name} metric" + (" + damping * I" if is_concrete(self.damping) and not _zero(self.damping) else ""),
+            f"the {self.name} metric" + (" + damping * I" if is_concrete(self.damping) and not _is_zero(self.damping) else ""),
             rtol=symmetry_rtol(G),
         )
 
@@ -455,10 +455,6 @@ def _cg(_mv_fn: Any, metric: Metric, params: PyTree, rhs: PyTree, *, tol: float,
 
 
 _compiled_cg = jit_per_callable(_cg, static_argnames=("tol", "maxiter"))
-
-
-def _zero(damping: Any) -> bool:
-    return float(np.asarray(damping)) == 0.0
 
 
 def _dense_info(x: PyTree) -> SolveInfo:

@@ -1004,7 +1004,7 @@ def sharp(
     omega = _as_array(omega)
     check_finite(omega, "the covector omega")
     if isinstance(G, Metric):
-        _at_point(G, at, "sharp")
+        _at_point(G, at, "sharp")  # raises when the point is missing
         check_damping(damping)
         damped = G if _is_zero(damping) else G.with_damping(G.damping + damping)
         return damped.solve(at, omega, method="cg", tol=tol, maxiter=maxiter, return_info=return_info)
