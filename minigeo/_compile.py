@@ -1,301 +1,307 @@
-"""Compile the work around a user's function once per function, not once per eager call.
+"""Compile the work around a user's function once per *program*, tracing it afresh at every call.
 
-A minigeo function that takes a user's callable ``f`` (a loss, a model, a metric's product) and
-runs its own code around it (the jvp of a gradient, a batch of Hutchinson probes, a Lanczos loop)
-is, called eagerly, dispatched op by op, and every ``lax.scan`` / ``lax.while_loop`` inside
-(a transformer's block scan, Lanczos, CG) is traced and compiled again on every call: a second
-eager Hessian-vector product of a small ViT took 20x the jitted call.  :func:`jit_per_callable`
-wraps such work in ``jax.jit`` compiled once per callable and input shapes, as ``jax.jit``
-itself caches by function identity.
+A minigeo function that takes a user's callable ``f`` (a loss, a model, a metric's product) runs
+its own code around it (the jvp of a gradient, a batch of Hutchinson probes, a Lanczos loop).
+Run op by op, every ``lax.scan`` / ``lax.while_loop`` inside (a transformer's block scan, Lanczos,
+CG) is compiled again at each eager call: a second eager Hessian-vector product of a small ViT
+took 20x the jitted call.  ``jax.jit(impl, static_argnames="f")`` fixes the speed but caches by
+the *identity* of ``f``: it reads ``f``'s globals, attributes and containers once, at its first
+trace, and returns stale values after the user changes them.
 
-Two guarantees beyond ``jax.jit``'s:
+:func:`jit_per_callable` does neither.  At every call it
 
-* **No stale values from rebinding.**  ``jax.jit`` reads a function's globals once, when it
-  traces.  Here each call first takes a cheap *fingerprint* of the callable: the identity of
-  every object in its closure cells, its referenced globals, a ``functools.partial``'s arguments
-  and a bound method's ``__self__``, following referenced functions two levels deep.  A
-  notebook that rebinds ``X = new_data`` after defining ``loss = lambda p: ... X ...`` gets a
-  fresh compilation, not the old ``X``.  (Mutating an object in place, e.g. ``state["scale"] = 5``,
-  cannot be seen; minigeo's functions assume pure functions, as JAX does.)
-* **No data kept alive.**  A plain function is cached by its code object, with the JAX arrays it
-  closes over (or takes as defaults) passed in as arguments, never stored; other callables are
-  keyed weakly, and their compiled code goes when they are garbage-collected.  At most 16
-  compilations are kept per code object.
+1. **traces** ``impl(f, *args)`` to a jaxpr (``jax.make_jaxpr``), so whatever ``f`` reads (a global
+   three calls deep, an attribute, a dict entry, a NumPy array changed in place, ``-0.0``) is read
+   now;
+2. keys the compilation by the **traced program itself**: the jaxpr's equations, their parameters
+   and literals (by value, bit for bit), the argument and constant shapes and dtypes.  Arrays that
+   ``f`` closes over become the jaxpr's constants and are passed to the compiled program as
+   **arguments**, never baked into it;
+3. runs the compiled program of that key (compiling it the first time).
 
-Under an outer transformation (``jit``, ``vmap``, ``grad`` of the caller), the work is traced
+So a value is never stale (the program is the one traced now, the constants are today's values),
+no caller's data is kept alive (an entry holds the open jaxpr, with no constant values, and the
+compiled code), and ``functools.partial(loss, batch=b)``, a new lambda per batch, a bound method
+or a Python float that changes every step all reuse one compilation: they trace to the same
+program.  The price is one trace per call (a few milliseconds), less than running the same work
+op by op.
+
+Inside one long computation that calls the same function many times (a pass over a dataset, the
+steps of Lanczos), :func:`one_trace_per_call` lets the caller trace once per argument shapes for the
+duration of that computation: the user's function is read once, at the start of the public call,
+as one call of a plain JAX function would read it.
+
+Under an outer transformation (``jit``, ``vmap``, ``grad`` of the caller) the work is traced
 inline instead: the outer compilation already covers it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
-import inspect
-import types
-import weakref
-from typing import Any, Callable
+import threading
+from collections import OrderedDict
+from typing import Any, Callable, Iterator
 
 import jax
+import numpy as np
+from jax.extend import core as jcore
 
-__all__ = ["jit_per_callable"]
+from jax._src import core as _core  # eval_jaxpr (the public jax.core alias is deprecated)
 
-_IMMUTABLE = (int, float, complex, str, bytes, bool, type(None))
-_MAX_DEPTH = 2
+__all__ = ["jit_per_callable", "one_trace_per_call"]
 
-
-def _stamp(obj: Any) -> Any:
-    """How ``obj`` is remembered: by value if immutable, else by identity (weakly where possible)."""
-    if isinstance(obj, _IMMUTABLE):
-        return ("v", (type(obj), obj))
-    if isinstance(obj, (types.ModuleType, type)):
-        return ("s", obj)  # modules and classes live as long as the program
-    try:
-        return ("w", weakref.ref(obj))
-    except TypeError:
-        return ("s", obj)  # e.g. a tuple or dict: held, compared by identity
-
-
-def _same(a: Any, b: Any) -> bool:
-    if a[0] != b[0]:
-        return False
-    if a[0] == "w":
-        x = a[1]()
-        return x is not None and x is b[1]()
-    if a[0] == "s":
-        return a[1] is b[1]
-    return a[1] == b[1]
-
-
-def _code_names(code: types.CodeType) -> set[str]:
-    names = set(code.co_names)
-    for const in code.co_consts:
-        if isinstance(const, types.CodeType):  # nested lambdas / comprehensions share the globals
-            names |= _code_names(const)
-    return names
-
-
-def _fingerprint(fn: Any, top_cells: bool = True) -> list:
-    """Stamps of what ``fn`` reads: closure cells, referenced globals, partial arguments, ``__self__``.
-
-    ``top_cells=False`` leaves out ``fn``'s own closure cells (a :class:`_Template` stamps them).
-    """
-    stamps: list = []
-    seen: set[int] = set()
-
-    def visit(g: Any, depth: int) -> None:
-        if id(g) in seen or depth < 0:
-            return
-        seen.add(id(g))
-        if isinstance(g, functools.partial):
-            for a in (*g.args, *g.keywords.values()):
-                stamps.append(_stamp(a))
-                if callable(a):
-                    visit(a, depth - 1)
-            visit(g.func, depth)
-            return
-        if inspect.ismethod(g):
-            stamps.append(_stamp(g.__self__))
-            visit(g.__func__, depth)
-            return
-        code = getattr(g, "__code__", None)
-        if not isinstance(code, types.CodeType):
-            return
-        own = g is fn and not top_cells
-        for cell in getattr(g, "__closure__", None) or ():
-            try:
-                value = cell.cell_contents
-            except ValueError:  # an empty cell
-                continue
-            if not own:
-                stamps.append(_stamp(value))
-            if callable(value) and not isinstance(value, type):
-                visit(value, depth - 1)
-        glob = getattr(g, "__globals__", {})
-        for name in sorted(_code_names(code)):
-            if name in glob:
-                value = glob[name]
-                stamps.append(_stamp(value))
-                if callable(value) and not isinstance(value, (type, types.ModuleType)):
-                    visit(value, depth - 1)
-
-    visit(fn, _MAX_DEPTH)
-    return stamps
-
-
-def _unchanged(old: list, new: list) -> bool:
-    return len(old) == len(new) and all(_same(a, b) for a, b in zip(old, new))
-
-
-def _weak_caller(fn: Any) -> Callable[[], Any] | None:
-    """A zero-argument function returning ``fn`` without holding it, or None if ``fn`` cannot be weakly held."""
-    if inspect.ismethod(fn):  # a bound method is a new object at every attribute access
-        try:
-            self_ref, func_ref = weakref.ref(fn.__self__), weakref.ref(fn.__func__)
-        except TypeError:
-            return None
-        return lambda: types.MethodType(func_ref(), self_ref())
-    try:
-        ref = weakref.ref(fn)
-    except TypeError:
-        return None
-    return ref
-
-
-def _is_tracing(args: tuple, kwargs: dict) -> bool:
-    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves((args, kwargs)))
-
-
-def _is_array_tree(x: Any) -> bool:
-    """A JAX array, or a non-empty tuple/list/dict whose leaves are all JAX arrays (a batch, a pytree)."""
-    if isinstance(x, jax.Array):
-        return True
-    if isinstance(x, (tuple, list, dict)) and x:
-        leaves = jax.tree_util.tree_leaves(x)
-        return bool(leaves) and all(isinstance(leaf, jax.Array) for leaf in leaves)
-    return False
-
-
-class _Template:
-    """A plain function with its JAX-array closure cells and defaults hoisted out as arguments.
-
-    ``stamps`` identify the rest (code, the other cells and defaults, globals read); ``arrays``
-    are the hoisted values.  :meth:`rebuild` makes the function again from traced arrays.
-    """
-
-    def __init__(self, fn: types.FunctionType) -> None:
-        self.code = fn.__code__
-        self.globals = fn.__globals__
-        self.name = fn.__name__
-        self.kwdefaults = fn.__kwdefaults__
-        slots = [("d", v) for v in (fn.__defaults__ or ())]
-        for cell in fn.__closure__ or ():
-            try:
-                slots.append(("c", cell.cell_contents))
-            except ValueError:  # an empty cell
-                slots.append(("e", None))
-        self.kinds = tuple(kind for kind, _ in slots)
-        hoisted = [_is_array_tree(v) for _, v in slots]
-        self.hoisted = tuple(hoisted)
-        self.arrays = [v for (_, v), h in zip(slots, hoisted) if h]
-        self.static = [_stamp(v) for (_, v), h in zip(slots, hoisted) if not h]
-        treedefs = tuple(jax.tree_util.tree_structure(a) for a in self.arrays)
-        self.stamps = [("v", (tuple, (self.kinds, self.hoisted, treedefs))), _stamp(self.kwdefaults)] + self.static
-        self.stamps += _fingerprint(fn, top_cells=False)  # globals read, and the functions in the cells
-
-    def rebuild(self, arrays: list) -> types.FunctionType:
-        it_arrays, it_static = iter(arrays), iter(self.static)
-        values = []
-        for hoisted in self.hoisted:
-            if hoisted:
-                values.append(next(it_arrays))
-            else:
-                stamp = next(it_static)
-                values.append(stamp[1]() if stamp[0] == "w" else (stamp[1][1] if stamp[0] == "v" else stamp[1]))
-        n_defaults = self.kinds.count("d")
-        defaults, cells = values[:n_defaults], values[n_defaults:]
-        closure = tuple(
-            types.CellType() if kind == "e" else types.CellType(v) for kind, v in zip(self.kinds[n_defaults:], cells)
-        )
-        fn = types.FunctionType(self.code, self.globals, self.name, tuple(defaults) or None, closure or None)
-        fn.__kwdefaults__ = self.kwdefaults
-        return fn
-
+_CACHE_SIZE = 64  # compiled programs kept per wrapped function (least recently used dropped)
 
 _TRACE_ERRORS = (
     jax.errors.ConcretizationTypeError,
     jax.errors.TracerArrayConversionError,
     jax.errors.TracerBoolConversionError,
     jax.errors.TracerIntegerConversionError,
+    jax.errors.NonConcreteBooleanIndexError,
 )
-_MAX_ENTRIES_PER_CODE = 16
-_GIVE_UP_AFTER_MISSES = 8
 
 
-def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ...] = ()) -> Callable[..., Any]:
-    """``call(fn, *args, **kwargs) = impl(fn, *args, **kwargs)``, compiled once per ``fn`` and argument shapes.
+# ---------------------------------------------------------------------------
+# the structural key of a traced program
+# ---------------------------------------------------------------------------
+def _array_key(x: Any) -> tuple:
+    a = np.asarray(x)
+    return ("a", a.dtype.str, a.shape, a.tobytes())
 
-    ``fn`` is the user's callable (static; ``None`` shares one compilation); ``args`` and
-    ``kwargs`` are pytrees of arrays except the keyword arguments named in ``static_argnames``.
-    Called with traced arguments, ``impl`` runs inline.
 
-    A plain Python function is cached by its code, with the JAX arrays it closes over (or takes
-    as defaults) passed as arguments: ``lambda p: loss(p, batch)`` made afresh for every batch of
-    the same shape reuses one compilation.  Other callables (bound methods, ``partial`` objects,
-    callable objects) are cached by identity, weakly.  A function that cannot be traced
-    (Python control flow on a closed-over array) runs op by op, as does a function whose
-    compilations keep missing the cache.
+# parameters of custom-derivative primitives that hold Python rules: evaluating the jaxpr (no
+# differentiation: a differentiating caller passes tracers and runs inline) uses only the primal
+# ``call_jaxpr``, so these never change what the program computes and are left out of the key
+_RULE_PARAMS = frozenset({"jvp_jaxpr_fun", "jvp_jaxpr_thunk", "jvp", "fwd_jaxpr_thunk", "bwd", "out_trees", "fwd"})
+
+
+def _value_key(x: Any, keep: list) -> Any:
+    if isinstance(x, jcore.ClosedJaxpr):
+        return ("C", _jaxpr_key(x.jaxpr, keep), tuple(_array_key(c) for c in x.consts))
+    if isinstance(x, jcore.Jaxpr):
+        return ("J", _jaxpr_key(x, keep))
+    if isinstance(x, (bool, int, str, type(None))):
+        return (type(x), x)
+    if isinstance(x, (float, np.floating)):
+        return ("f", type(x), float(x).hex())  # -0.0 and 0.0 differ
+    if isinstance(x, (tuple, list)):
+        return (type(x), tuple(_value_key(y, keep) for y in x))
+    if isinstance(x, dict):
+        return ("d", tuple((k, _value_key(v, keep)) for k, v in sorted(x.items(), key=lambda kv: repr(kv[0]))))
+    if isinstance(x, (np.ndarray, jax.Array)):
+        return _array_key(x)
+    try:
+        hash(x)
+    except TypeError:
+        keep.append(x)  # held by the entry, so its id cannot be reused while the entry lives
+        return ("id", type(x), id(x))
+    return ("h", type(x), x)  # the object itself: held by the key, compared by its own equality
+
+
+def _params_key(eqn: Any, keep: list) -> tuple:
+    custom = eqn.primitive.name.startswith("custom_")
+    items = []
+    for name in sorted(eqn.params):
+        if custom and name in _RULE_PARAMS:
+            continue
+        items.append((name, _value_key(eqn.params[name], keep)))
+    return tuple(items)
+
+
+def _jaxpr_key(jaxpr: Any, keep: list) -> tuple:
+    """A hashable value equal for two jaxprs exactly when they compute the same thing."""
+    numbers: dict[int, int] = {}
+
+    def var(v: Any) -> Any:
+        if isinstance(v, jcore.Literal):
+            return ("lit", v.aval, _array_key(v.val))
+        n = numbers.get(id(v))
+        if n is None:
+            n = numbers[id(v)] = len(numbers)
+        return n
+
+    head = (
+        tuple((var(v), v.aval) for v in jaxpr.constvars),
+        tuple((var(v), v.aval) for v in jaxpr.invars),
+    )
+    body = tuple(
+        (
+            eqn.primitive,
+            tuple(var(x) for x in eqn.invars),
+            tuple((var(o), o.aval) for o in eqn.outvars),
+            _params_key(eqn, keep),
+        )
+        for eqn in jaxpr.eqns
+    )
+    try:
+        effects = frozenset(jaxpr.effects)
+    except TypeError:
+        effects = tuple(map(repr, jaxpr.effects))
+    return head, body, tuple(var(v) for v in jaxpr.outvars), effects
+
+
+# ---------------------------------------------------------------------------
+# tracing and running
+# ---------------------------------------------------------------------------
+def _is_tracing(tree: Any) -> bool:
+    return any(isinstance(x, jax.core.Tracer) for x in jax.tree_util.tree_leaves(tree))
+
+
+class _Program:
+    """One traced call: its open jaxpr, the constants' current values and the output structure."""
+
+    __slots__ = ("jaxpr", "consts", "out_tree", "key", "keep")
+
+    def __init__(self, jaxpr: Any, consts: list, out_tree: Any, key: Any, keep: list) -> None:
+        self.jaxpr, self.consts, self.out_tree, self.key, self.keep = jaxpr, consts, out_tree, key, keep
+
+
+def _trace(impl: Callable, fn: Any, flat: list, in_tree: Any, static: dict) -> _Program:
+    out_tree_box: list = []
+
+    def flat_impl(*leaves: Any) -> list:
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+        out = impl(fn, *args, **kwargs, **static)
+        leaves_out, out_tree = jax.tree_util.tree_flatten(out)
+        out_tree_box.append(out_tree)
+        return leaves_out
+
+    closed = jax.make_jaxpr(flat_impl)(*flat)
+    jaxpr, consts = _hoist_float_literals(closed.jaxpr, list(closed.consts))
+    keep: list = []
+    # the key is the program alone: the runner takes flat leaves, so the pytree structures (whose
+    # auxiliary data may hold the user's functions, e.g. a Metric's product) need not be in it
+    key = _jaxpr_key(jaxpr, keep)
+    return _Program(jaxpr, consts, out_tree_box[0], key, keep)
+
+
+def _hoist_float_literals(jaxpr: Any, consts: list) -> tuple[Any, list]:
+    """Turn the top level's floating-point scalar literals into constants (arguments of the program).
+
+    A Python float the user's function reads (a learning rate, a temperature, a per-step
+    schedule) is traced as a literal; hoisted, it is an argument, so a new value reuses the
+    compilation instead of making a new program.
     """
-    by_code: dict = {}  # code -> {"entries": [(template, jitted)], "hits": int, "misses": int}
-    by_identity: dict = {}  # id key -> (weakref to the anchor, weakref to __func__ or None, fingerprint, jitted)
+    constvars = list(jaxpr.constvars)
+    hoisted: dict = {}
 
-    def make(caller: Callable[[], Any]) -> Callable[..., Any]:
-        def run(*args: Any, **kwargs: Any) -> Any:
-            return impl(caller(), *args, **kwargs)
+    def sub(x: Any) -> Any:
+        if not isinstance(x, jcore.Literal):
+            return x
+        val = np.asarray(x.val)
+        if val.shape != () or not np.issubdtype(val.dtype, np.floating):
+            return x
+        var = jcore.Var(x.aval)
+        constvars.append(var)
+        consts.append(np.asarray(val, dtype=x.aval.dtype))
+        hoisted[id(var)] = var
+        return var
 
-        return jax.jit(run, static_argnames=static_argnames)
+    eqns = [eqn.replace(invars=[sub(x) for x in eqn.invars]) for eqn in jaxpr.eqns]
+    if not hoisted:
+        return jaxpr, consts
+    outvars = [sub(x) for x in jaxpr.outvars]
+    return jaxpr.replace(constvars=constvars, eqns=eqns, outvars=outvars), consts
 
-    def make_from_template(template: _Template) -> Callable[..., Any]:
-        def run(arrays: list, *args: Any, **kwargs: Any) -> Any:
-            return impl(template.rebuild(arrays), *args, **kwargs)
 
-        return jax.jit(run, static_argnames=static_argnames)
+def _make_runner(jaxpr: Any) -> Callable:
+    def run(consts: list, leaves: list) -> list:
+        return _core.eval_jaxpr(jaxpr, consts, *leaves)
 
-    shared = jax.jit(functools.partial(impl, None), static_argnames=static_argnames)
+    return jax.jit(run)
 
-    def by_template(fn: types.FunctionType, args: tuple, kwargs: dict) -> Any:
-        record = by_code.setdefault(fn.__code__, {"entries": [], "hits": 0, "misses": 0})
-        if record["misses"] >= _GIVE_UP_AFTER_MISSES and record["hits"] == 0:
-            return impl(fn, *args, **kwargs)  # a new closure every call that no compilation can serve
-        template = _Template(fn)
-        for i, (template_old, jitted) in enumerate(record["entries"]):
-            if _unchanged(template_old.stamps, template.stamps):
-                record["hits"] += 1
-                record["entries"].append(record["entries"].pop(i))  # most recently used last
-                template_old.static = template.static  # keep the live objects, not only their stamps
-                return jitted(template.arrays, *args, **kwargs)
-        record["misses"] += 1
-        jitted = make_from_template(template)
-        arrays, template.arrays = template.arrays, []  # the entry keeps no data alive
-        record["entries"].append((template, jitted))
-        del record["entries"][:-_MAX_ENTRIES_PER_CODE]
-        return jitted(arrays, *args, **kwargs)
 
-    def by_anchor(fn: Any, args: tuple, kwargs: dict) -> Any:
-        caller = _weak_caller(fn)
-        if caller is None:
-            return impl(fn, *args, **kwargs)  # cannot be held weakly: run op by op
-        method = inspect.ismethod(fn)
-        anchor, func = (fn.__self__, fn.__func__) if method else (fn, None)
-        key = (id(anchor), id(func))
-        stamps = _fingerprint(fn)
-        entry = by_identity.get(key)
-        if entry is not None and not (
-            entry[0]() is anchor and (func is None or entry[1]() is func) and _unchanged(entry[2], stamps)
-        ):
-            entry = None
-        if entry is None:
-            anchor_ref = weakref.ref(anchor, lambda _r, key=key: by_identity.pop(key, None))
-            entry = (anchor_ref, weakref.ref(func) if method else None, stamps, make(caller))
-            by_identity[key] = entry
-        return entry[3](*args, **kwargs)
+# ---------------------------------------------------------------------------
+# one trace per public call
+# ---------------------------------------------------------------------------
+_PINNED: contextvars.ContextVar[dict | None] = contextvars.ContextVar("minigeo_pinned_traces", default=None)
+
+
+@contextlib.contextmanager
+def one_trace_per_call() -> Iterator[None]:
+    """Within this block, each compiled function traces once per (function, argument shapes).
+
+    For the loops inside one public call (a dataset pass, Lanczos or CG steps driven from Python):
+    the user's function is read once, when the block's first call traces it, and its constants
+    are the values read then.  Nested blocks share the outermost one; leaving it forgets all.
+    """
+    if _PINNED.get() is not None:
+        yield
+        return
+    token = _PINNED.set({})
+    try:
+        yield
+    finally:
+        _PINNED.reset(token)
+
+
+def _signature(fn: Any, flat: list, in_tree: Any, static: dict) -> Any:
+    avals = tuple(
+        (np.shape(x), getattr(x, "dtype", type(x)), getattr(x, "weak_type", isinstance(x, (int, float, complex))))
+        for x in flat
+    )
+    return (id(fn), in_tree, avals, tuple(sorted(static.items(), key=lambda kv: kv[0])))
+
+
+# ---------------------------------------------------------------------------
+# the wrapper
+# ---------------------------------------------------------------------------
+def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ...] = ()) -> Callable[..., Any]:
+    """``call(fn, *args, **kwargs) = impl(fn, *args, **kwargs)``, traced per call, compiled per program.
+
+    ``fn`` is the user's callable (or ``None``); ``args`` and the keyword arguments not named in
+    ``static_argnames`` are pytrees of arrays (or Python scalars, traced as weakly typed values).
+    Every call traces ``impl`` afresh, so nothing ``fn`` reads can be stale, and reuses the
+    compiled program whenever the traced program is the same (see the module docstring).  Called
+    with traced arguments, or on a function that cannot be traced (Python control flow on values),
+    ``impl`` runs inline / op by op.
+    """
+    cache: OrderedDict = OrderedDict()  # program key -> (jitted runner, objects the key names by id)
+    lock = threading.Lock()
+
+    def compiled_runner(program: _Program) -> Callable:
+        with lock:
+            entry = cache.get(program.key)
+            if entry is not None:
+                cache.move_to_end(program.key)
+                return entry[0]
+            runner = _make_runner(program.jaxpr)
+            cache[program.key] = (runner, program.keep)
+            while len(cache) > _CACHE_SIZE:
+                cache.popitem(last=False)
+            return runner
 
     @functools.wraps(impl)
     def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        if _is_tracing(args, kwargs):
-            return impl(fn, *args, **kwargs)
-        if fn is None:  # no user callable: one compilation per argument shapes, shared
-            return shared(*args, **kwargs)
-        try:
-            if isinstance(fn, types.FunctionType):
-                return by_template(fn, args, kwargs)
-            return by_anchor(fn, args, kwargs)
-        except _TRACE_ERRORS:
-            if isinstance(fn, types.FunctionType):
-                record = by_code[fn.__code__]
-                record["misses"], record["hits"] = _GIVE_UP_AFTER_MISSES, 0  # never again for this code
-            return impl(fn, *args, **kwargs)  # not traceable as a whole: op by op (raises if truly wrong)
+        static = {k: kwargs.pop(k) for k in static_argnames if k in kwargs}
+        if _is_tracing((args, kwargs)):
+            return impl(fn, *args, **kwargs, **static)
+        flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        pinned = _PINNED.get()
+        signature = None
+        program = runner = None
+        if pinned is not None:
+            signature = (impl, _signature(fn, flat, in_tree, static))
+            hit = pinned.get(signature)
+            if hit is not None and hit[0] is fn:
+                _, program, runner = hit
+        if program is None:
+            try:
+                program = _trace(impl, fn, flat, in_tree, static)
+            except _TRACE_ERRORS:
+                return impl(fn, *args, **kwargs, **static)  # not traceable as a whole: op by op
+            if _is_tracing(program.consts):  # fn closes over an outer transformation's tracers
+                return impl(fn, *args, **kwargs, **static)
+            runner = compiled_runner(program)
+            if pinned is not None:
+                pinned[signature] = (fn, program, runner)
+        out = runner(program.consts, flat)
+        return jax.tree_util.tree_unflatten(program.out_tree, out)
 
     def cache_size() -> int:  # for tests
-        return sum(len(r["entries"]) for r in by_code.values()) + len(by_identity)
+        return len(cache)
 
     call.cache_size = cache_size  # type: ignore[attr-defined]
     return call

@@ -18,6 +18,7 @@ Krylov basis in host memory (``O(d)`` on the device).  Long passes show a progre
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 import jax
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import GeometryError, as_float_point, check_finite, check_same_structure
+from ._compile import jit_per_callable, one_trace_per_call
 from ._linalg import ResumableLanczos, check_damping, lanczos_tridiagonal_offloaded
 from ._estimators import check_slq_positive, mean_and_standard_error, rademacher_like, slq_breakdown_tol, slq_quadrature
 from ._tree import PyTree, ravel, tree_size
@@ -199,6 +201,17 @@ def _num_examples(batch: Batch, who: str) -> int:
 # ---------------------------------------------------------------------------
 # the operator
 # ---------------------------------------------------------------------------
+def _one_trace_per_call(method: Callable) -> Callable:
+    """Run a method's whole pass with one trace per batch shape (:func:`one_trace_per_call`)."""
+
+    @functools.wraps(method)
+    def wrapped(*args: Any, **kwargs: Any) -> Any:
+        with one_trace_per_call():
+            return method(*args, **kwargs)
+
+    return wrapped
+
+
 class CurvatureOperator:
     r"""A curvature matrix of a loss averaged over a dataset, applied batch by batch.
 
@@ -224,9 +237,11 @@ class CurvatureOperator:
 
     Notes
     -----
-    Its per-batch products are compiled once per operator (and per batch shape), with the
-    parameters and the batch as arguments, so neither a new batch nor :meth:`at` new
-    parameters recompiles.  The invariant endomorphism :math:`G^{-1}M` enters through the
+    Every method reads the loss afresh: a call traces the per-batch product (once per batch shape
+    during a pass over a dataset, so one call never mixes old and new state) and runs the
+    program compiled for that trace, with the parameters and the batch as arguments.  Neither a
+    new batch, nor :meth:`at` new parameters, nor a new operator for the same loss recompiles;
+    a change to what the loss reads (a global, an attribute) is seen at the next call.  The invariant endomorphism :math:`G^{-1}M` enters through the
     ``metric`` argument of :meth:`trace_estimate` and :meth:`top_eigenvalues` (``None``, a
     positive diagonal pytree, or a :class:`~minigeo.Metric`, e.g. another operator's
     :meth:`as_metric` on a fixed batch).
@@ -252,8 +267,8 @@ class CurvatureOperator:
         params = as_float_point(params, "params")
         check_finite(params, "params")
         self.params, self.name, self.batch_mv = params, name, batch_mv
-        self._mv = jax.jit(batch_mv)
-        self._terms = jax.jit(_probe_terms(batch_mv), static_argnames="batched")
+        self._mv = functools.partial(_batch_product, batch_mv)
+        self._terms = functools.partial(_batch_terms, batch_mv)
 
     def at(self, params: PyTree) -> "CurvatureOperator":
         r"""The same operator at other parameters (same structure), reusing the compiled programs.
@@ -338,6 +353,7 @@ class CurvatureOperator:
         _num_examples(batch, self.name)
         return self._mv(self.params, v, batch)
 
+    @_one_trace_per_call
     def dataset_mv(self, v: PyTree, batches: BatchSource, *, progress: Any = False) -> PyTree:
         r"""The product with the dataset matrix, over one pass of ``batches``.
 
@@ -429,6 +445,7 @@ class CurvatureOperator:
         return Metric(lambda params, v: self._mv(params, v, batch), f"{self.name} (one batch)")
 
     # -- estimators ------------------------------------------------------------
+    @_one_trace_per_call
     def trace_estimate(
         self,
         key: jax.Array,
@@ -516,6 +533,7 @@ class CurvatureOperator:
         check_finite(values, f"The {self.name} products", hint=_CG_HINT)
         return mean_and_standard_error(values)
 
+    @_one_trace_per_call
     def top_eigenvalues(
         self,
         key: jax.Array,
@@ -598,6 +616,7 @@ class CurvatureOperator:
         return _certified_lanczos(lambda m: run.tridiagonal(m, steps=steps), d, k, num_iterations, rtol, True, self.name)
 
 
+    @_one_trace_per_call
     def logdet_slq(
         self,
         key: jax.Array,
@@ -697,6 +716,15 @@ def _probe_terms(batch_mv: Callable) -> Callable:
 # ---------------------------------------------------------------------------
 # constructors
 # ---------------------------------------------------------------------------
+def _terms_impl(batch_mv: Callable, params, probes, duals, batch, *, batched: Any = "vmap"):
+    return _probe_terms(batch_mv)(params, probes, duals, batch, batched=batched)
+
+
+# traced at every call (once per batch shape inside one method call), compiled once per program
+_batch_product = jit_per_callable(lambda batch_mv, params, v, batch: batch_mv(params, v, batch))
+_batch_terms = jit_per_callable(_terms_impl, static_argnames=("batched",))
+
+
 def _split(batch: Batch, who: str) -> tuple[Any, Any]:
     if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
         raise GeometryError(f"{who}: a batch must be a pair (inputs, targets); got {type(batch).__name__}.")

@@ -36,6 +36,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import GeometryError, check_finite, is_concrete
+from ._compile import jit_per_callable
 from ._tree import PyTree
 from .quotient import _factor_pair, _mT, _PairFrame, _raise_if_singular, _whitened_projection
 
@@ -973,15 +974,20 @@ def _factorize(geometry, params):
     return geometry.factors(jax.tree_util.tree_leaves(params))
 
 
-@functools.partial(jax.jit, static_argnames=("loss_fn", "geometry", "n_iter", "momentum", "keep", "n_restarts"))
-def _search_batches(
-    loss_fn, geometry, params, fac, batches, rho, keys, n_iter: int, momentum: float, keep: bool, n_restarts: int
+def _search_batches_impl(
+    loss_fn, params, fac, batches, rho, keys, *, geometry, n_iter: int, momentum: float, keep: bool, n_restarts: int
 ):
     # the base-point factorization ``fac`` is computed once, outside the loop over batches
     return jax.lax.map(
         lambda kb: _auto_pgd(loss_fn, geometry, params, fac, kb[1], rho, kb[0], n_iter, momentum, keep, n_restarts),
         (keys, batches),
     )
+
+
+# traced at every call (never stale in what loss_fn reads), compiled once per traced program
+_search_batches = jit_per_callable(
+    _search_batches_impl, static_argnames=("geometry", "n_iter", "momentum", "keep", "n_restarts")
+)
 
 
 def _status(pairs_ok: jax.Array, finite: jax.Array) -> jax.Array:
@@ -1023,8 +1029,8 @@ def _over_batches(
     if eager:  # before the (expensive) search
         _raise_if_pair_singular(who, geometry, fac)
     values, finite, perts = _search_batches(
-        loss_fn, geometry, params, fac, batches, rho, jax.random.split(key, n), n_iter, momentum, bool(keep),
-        int(n_restarts),
+        loss_fn, params, fac, batches, rho, jax.random.split(key, n), geometry=geometry, n_iter=n_iter,
+        momentum=momentum, keep=bool(keep), n_restarts=int(n_restarts),
     )
     pairs_ok = jnp.all(jnp.stack([jnp.all(f.ok) for f in fac])) if fac else jnp.asarray(True)
     status = _status(pairs_ok, finite)
@@ -1033,8 +1039,7 @@ def _over_batches(
     return SharpnessResult(jnp.mean(values), values, perts, status)
 
 
-@functools.partial(jax.jit, static_argnames=("loss_fn", "n_samples", "fixed"))
-def _average_case(loss_fn, params, batches, rho, keys, n_samples: int, fixed: tuple):
+def _average_case_impl(loss_fn, params, batches, rho, keys, *, n_samples: int, fixed: tuple):
     w, treedef = jax.tree_util.tree_flatten(params)
 
     def one_batch(kb):
@@ -1051,6 +1056,9 @@ def _average_case(loss_fn, params, batches, rho, keys, n_samples: int, fixed: tu
         return value, jnp.isfinite(value)
 
     return jax.lax.map(one_batch, (keys, batches))
+
+
+_average_case = jit_per_callable(_average_case_impl, static_argnames=("n_samples", "fixed"))
 
 
 def adaptive_sharpness(
@@ -1153,7 +1161,9 @@ def adaptive_sharpness(
     eager = is_concrete(params, batches, rho, key)
     if eager:
         _check_params(params, batches, who)
-    values, finite = _average_case(loss_fn, params, batches, rho, jax.random.split(key, n), int(n_samples), geometry.fixed)
+    values, finite = _average_case(
+        loss_fn, params, batches, rho, jax.random.split(key, n), n_samples=int(n_samples), fixed=geometry.fixed
+    )
     if eager:
         _raise_if_non_finite(who, values, finite)
     status = _status(jnp.asarray(True), finite)

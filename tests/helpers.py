@@ -43,3 +43,24 @@ def dense_jacobian(fn, x) -> jnp.ndarray:
 
 def flatten(tree) -> jnp.ndarray:
     return ravel_pytree(tree)[0]
+
+
+# ---------------------------------------------------------------------------
+# counting XLA compilations (jax.monitoring's backend-compile event)
+# ---------------------------------------------------------------------------
+_COMPILES = [0]
+
+
+def _compile_listener(event: str, duration: float, **kwargs) -> None:
+    if event == "/jax/core/compile/backend_compile_duration":
+        _COMPILES[0] += 1
+
+
+jax.monitoring.register_event_duration_secs_listener(_compile_listener)
+
+
+def compiles_during(fn, *args, **kwargs):
+    """(result, number of XLA compilations while running ``fn(*args, **kwargs)``)."""
+    before = _COMPILES[0]
+    out = jax.block_until_ready(fn(*args, **kwargs))
+    return out, _COMPILES[0] - before

@@ -648,10 +648,10 @@ def test_restarts_compile_once_and_work_under_jit_and_vmap():
     spec = mg.symmetry_spec(params, gl1_pairs=[(("u",), ("v",))])
     call = lambda p, k: mg.geodesic_sharpness(loss, p, batches, spec, 0.1, key=k).sharpness
     first = call(params, jax.random.PRNGKey(0))
-    size = _search_batches._cache_size()
+    size = _search_batches.cache_size()
     for k in range(1, 3):
         call(jax.tree_util.tree_map(lambda x: x * (1 + 0.01 * k), params), jax.random.PRNGKey(k))
-    assert _search_batches._cache_size() == size
+    assert _search_batches.cache_size() == size
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
     vm = jax.vmap(lambda k: call(params, k))(keys)
     jt = jax.jit(call)(params, keys[0])
@@ -889,7 +889,7 @@ def test_no_recompilation_on_repeated_eager_calls():
     ]
     for call in calls:
         call(params, jax.random.PRNGKey(0))
-        sizes = _search_batches._cache_size(), _factorize._cache_size()
+        sizes = _search_batches.cache_size(), _factorize._cache_size()
         again = call(jax.tree_util.tree_map(lambda x: 1.01 * x, params), jax.random.PRNGKey(1))
         assert bool(again.ok)
-        assert (_search_batches._cache_size(), _factorize._cache_size()) == sizes
+        assert (_search_batches.cache_size(), _factorize._cache_size()) == sizes
