@@ -61,8 +61,8 @@ class Metric:
         operator of ``mv_fn``.  A Python number, NumPy scalar, 0-d JAX array or a traced
         value; negative or NaN values raise :class:`GeometryError` (when concrete).
     compiled : bool, optional
-        ``True`` (default): eager :meth:`mv` calls are compiled once per ``mv_fn`` and input
-        shapes (see *Compilation* below).  ``False``: run ``mv_fn`` op by op, for product
+        ``True`` (default): eager :meth:`mv` calls are traced afresh and compiled once per traced
+        program (see *Compilation* below).  ``False``: run ``mv_fn`` op by op, for product
         functions whose value checks need concrete arrays (:func:`diagonal`, :func:`dense`).
 
     Raises
@@ -82,12 +82,12 @@ class Metric:
     **A pytree.**  ``damping`` is a leaf and ``mv_fn``, ``name``, ``compiled`` are static, so a
     metric can be passed to a jitted function and its damping changed without recompiling.
 
-    **Compilation.**  Eager :meth:`mv` and :meth:`solve` calls are compiled the first time for
-    a given ``mv_fn`` and input shapes and reused afterwards (a transformer's GGN product is
-    otherwise traced op by op and its block scan recompiled at every call).  The compilation is
-    redone when a closure variable or a global read by ``mv_fn`` (or the functions it calls, two
-    levels deep) is rebound, and dropped when ``mv_fn`` is garbage-collected; like ``jax.jit``,
-    it cannot see an object mutated in place.
+    **Compilation.**  Every eager :meth:`mv` and :meth:`solve` call traces ``mv_fn`` afresh, so
+    whatever it reads (a global at any depth, an attribute, a dict entry, a NumPy array changed
+    in place) is read now, never a stale value; the compiled program is reused whenever the
+    traced program is the same, with the arrays ``mv_fn`` closes over passed as arguments.  A new
+    ``Metric`` per batch therefore compiles once, and keeps no batch alive after the call (a
+    transformer's GGN product run op by op would recompile its block scan at every call).
 
     :meth:`dense` builds the matrix afresh at every call (nothing is cached on the
     metric or its functions), so a metric whose function reads changing state gives

@@ -60,9 +60,9 @@ def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
 
     .. math:: v \mapsto \nabla^2 f(\theta)\,v = \tfrac{d}{dt}\nabla f(\theta + t v)\big|_{t=0}.
 
-    Costs about two gradients; works on pytrees and under ``jit``/``vmap``.  An eager call is
-    compiled once per ``f`` and input shapes and reused (recompiled if a variable ``f`` reads is
-    rebound; see :class:`~minigeo.Metric`, *Compilation*).
+    Costs about two gradients; works on pytrees and under ``jit``/``vmap``.  An eager call
+    traces ``f`` afresh (so it never returns a stale value of what ``f`` reads) and reuses the
+    compiled program of an identical trace (see :class:`~minigeo.Metric`, *Compilation*).
 
     Parameters
     ----------

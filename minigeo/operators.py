@@ -314,7 +314,7 @@ class CurvatureOperator:
 
     # -- products -------------------------------------------------------------
     def mv(self, v: PyTree, batch: Batch) -> PyTree:
-        r"""The product with one batch's matrix, compiled once per batch shape.
+        r"""The product with one batch's matrix, compiled once per traced program (batch shape).
 
         .. math:: v \mapsto M_b v.
 
