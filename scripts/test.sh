@@ -5,9 +5,22 @@
 #   3. nbval over every chapter notebook (re-executes them, compares tagged outputs)
 #   4. the book build with -W -n (any Sphinx warning or failing cell fails), and its PDF
 #   5. a headless-browser smoke check of the rendered pages (offline)
+#
+# bash scripts/test.sh --quick   the day-to-day lane: step 1 without the tests marked `slow`
+#                                (tests/conftest.py marks the notebook, packaging, parity and ViT
+#                                modules slow) and step 2; CI always runs everything.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
+if [ "${1:-}" = "--quick" ]; then
+    export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_BOOK_BATCH=1
+    echo "== quick 1/2 unit tests (not slow)"
+    python -m pytest tests -m "not slow" -q
+    echo "== quick 2/2 docstring examples"
+    python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider -q
+    echo "test --quick: all checks passed"
+    exit 0
+fi
 # test-only extras: torch/torchvision/timm/open_clip_torch for the timm and OpenCLIP parity tests of
 # minigeo.models.vit
 .venv/bin/python -m pip install --quiet -r requirements-parity.txt
