@@ -423,9 +423,12 @@ def check_solver_options(tol: Any, maxiter: Any, who: str) -> None:
     it in the message).  ``tol`` may be a traced value (its range is then not checked); ``maxiter``
     must be concrete (it sizes the loop).
     """
-    if isinstance(tol, (bool, np.bool_)) or (hasattr(tol, "dtype") and not jnp.issubdtype(tol.dtype, jnp.floating)
-                                             and not jnp.issubdtype(tol.dtype, jnp.integer)):
-        raise GeometryError(f"{who}: tol must be a number in (0, 1) (a relative residual), got {tol!r}.")
+    numeric = isinstance(tol, (int, float, np.number, jax.Array, np.ndarray)) and not isinstance(tol, (bool, np.bool_))
+    if not numeric or (hasattr(tol, "dtype") and not (jnp.issubdtype(tol.dtype, jnp.floating)
+                                                      or jnp.issubdtype(tol.dtype, jnp.integer))):
+        raise GeometryError(
+            f"{who}: tol must be a number in (0, 1) (a relative residual), got {type(tol).__name__} {tol!r}."
+        )
     if not isinstance(tol, jax.core.Tracer):
         try:
             if jnp.shape(tol) != ():
