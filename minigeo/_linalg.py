@@ -93,8 +93,10 @@ class SolveInfo(NamedTuple):
         Number of CG iterations run (0 for the dense solvers).
     residual
         The true relative residual :math:`\\lVert b - Ax\\rVert / \\lVert b\\rVert`, recomputed from the
-        returned ``x`` (0 for ``b = 0``); for CG status 2 and 3, the recurrence's last residual; NaN
-        for the dense solvers' status 2, 3 and 5.
+        returned ``x`` in the working precision (0 for ``b = 0``; it differs from the exact residual of
+        ``x`` by the round-off of evaluating it, about :math:`\\varepsilon\\lVert A\\rVert\\lVert x\\rVert/\\lVert b\\rVert`);
+        for CG status 2 and 3, the recurrence's last residual; NaN for the dense solvers' status 2, 3
+        and 5; 0 for the pseudo-inverse (not a solve: :math:`G^+ b` need not solve :math:`Gx = b`).
     curvature
         CG: the smallest Rayleigh quotient :math:`p^\\top A p / p^\\top p` met along the search
         directions.  Cholesky: the smallest pivot :math:`L_{ii}^2` (at least the smallest eigenvalue).
