@@ -28,6 +28,8 @@ __all__ = [
     "check_finite",
     "check_square_matrix",
     "check_spd",
+    "check_symmetric",
+    "is_symmetric_to_roundoff",
 ]
 
 
@@ -222,6 +224,22 @@ def symmetry_rtol(matrix: Any) -> float:
     dtype = dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.float64
     n = int(jnp.shape(matrix)[0]) if jnp.ndim(matrix) else 1
     return float(max(64 * n, 1000) * np.finfo(dtype).eps)
+
+
+def is_symmetric_to_roundoff(matrix: Any) -> jax.Array:
+    """Traceable: ``max |M - M^T| <= symmetry_rtol(M) * max |M|`` (``False`` for non-finite entries).
+
+    The test :func:`check_symmetric` makes eagerly, as a JAX boolean, so that under ``jit`` a
+    non-symmetric matrix can be reported by a status or NaN instead of an exception.
+    """
+    m = jnp.asarray(matrix)
+    if not jnp.issubdtype(m.dtype, jnp.inexact):
+        m = m.astype(jnp.result_type(float))
+    if m.size == 0:
+        return jnp.asarray(True)
+    scale = jnp.max(jnp.abs(m))
+    asym = jnp.max(jnp.abs(m - m.T))
+    return asym <= symmetry_rtol(matrix) * scale  # NaN compares False
 
 
 def check_symmetric(matrix: Any, what: str = "the metric") -> None:

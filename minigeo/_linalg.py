@@ -31,6 +31,7 @@ from ._checks import (
     check_spd,
     check_square_matrix,
     is_concrete,
+    is_symmetric_to_roundoff,
     symmetry_rtol,
 )
 from ._tree import PyTree, ravel, tree_size
@@ -42,6 +43,8 @@ __all__ = [
     "CG_NONPOSITIVE_CURVATURE",
     "CG_NONFINITE",
     "CG_INACCURATE",
+    "CG_NOT_SYMMETRIC",
+    "check_solver_options",
     "solve_spd_dense",
     "solve_spd_cg",
     "add_damping",
@@ -56,33 +59,48 @@ CG_MAX_ITERATIONS = 1
 CG_NONPOSITIVE_CURVATURE = 2
 CG_NONFINITE = 3
 CG_INACCURATE = 4
+CG_NOT_SYMMETRIC = 5
 _RUNNING = -1
 
 
 class SolveInfo(NamedTuple):
-    """What happened in a conjugate-gradient solve (all fields are JAX scalars, also under ``jit``).
+    """What happened in a linear solve (all fields are JAX scalars, also under ``jit``).
+
+    Returned by conjugate gradients (:func:`solve_spd_cg`, ``Metric.solve``, ``sharp``,
+    ``natural_gradient``) and, with the same fields, by the dense (Cholesky) and pseudo-inverse
+    solvers.
 
     Attributes
     ----------
     converged
-        ``True`` iff ``status == 0``.
+        ``True`` iff ``status == 0``: then the true relative residual of the returned ``x``,
+        :math:`\\lVert b - Ax\\rVert/\\lVert b\\rVert` computed in the working precision (``residual``),
+        is at most ``tol`` (CG; ``tol`` raised to at least the dtype's ``eps``).
     status
-        ``0`` converged; ``1`` reached ``maxiter`` without converging; ``2`` met non-positive
-        curvature :math:`p^\\top A p \\le \\varepsilon\\,p^\\top p\\,\\max` (of the curvatures met so far;
-        the operator is not positive definite, or singular to working precision: add damping);
-        ``3`` met non-finite values (NaN or infinity in the operator's products); ``4`` the
-        recurrence reached the tolerance but the true residual :math:`\\lVert b - Ax\\rVert/\\lVert b\\rVert`
-        stayed above :math:`\\max(10\\,\\mathrm{tol},\\ 100\\,\\varepsilon\\lVert Ax\\rVert/\\lVert b\\rVert)` after
-        three residual replacements (round-off limits the accuracy: float32 on an ill-conditioned
-        operator; use float64, more damping or a looser ``tol``).  With status 2 or 3 the returned
-        solution is NaN, so that it cannot be used by mistake.
+        ``0`` (``CG_CONVERGED``) converged; ``1`` (``CG_MAX_ITERATIONS``) reached ``maxiter`` without
+        converging; ``2`` (``CG_NONPOSITIVE_CURVATURE``) not positive definite: CG met curvature
+        :math:`p^\\top A p / p^\\top p \\le \\varepsilon\\max` (of the curvatures met so far), or the
+        Cholesky factorization failed or met a pivot :math:`\\le n\\varepsilon\\max|A_{ij}|` (singular or
+        indefinite to working precision: add damping); ``3`` (``CG_NONFINITE``) met non-finite values
+        (NaN or infinity in the operator's products or the matrix); ``4`` (``CG_INACCURATE``) the
+        recurrence reached the tolerance but the true residual stayed above ``tol`` after three
+        residual replacements (round-off limits the accuracy: float32 on an ill-conditioned operator;
+        use float64, more damping or a looser ``tol``); ``5`` (``CG_NOT_SYMMETRIC``, dense and
+        pseudo-inverse solvers) the matrix is not symmetric: :math:`\\max|A - A^\\top| >`
+        ``max(64 n, 1000) eps`` :math:`\\max|A|`.  With status 2, 3 or 5 the returned solution is NaN,
+        so that it cannot be used by mistake.
     iterations
-        Number of CG iterations run.
+        Number of CG iterations run (0 for the dense solvers).
     residual
         The true relative residual :math:`\\lVert b - Ax\\rVert / \\lVert b\\rVert`, recomputed from the
-        returned ``x`` (0 for ``b = 0``); for status 2 and 3, the recurrence's last residual.
+        returned ``x`` in the working precision (0 for ``b = 0``; it differs from the exact residual of
+        ``x`` by the round-off of evaluating it, about :math:`\\varepsilon\\lVert A\\rVert\\lVert x\\rVert/\\lVert b\\rVert`);
+        for CG status 2 and 3, the recurrence's last residual; NaN for the dense solvers' status 2, 3
+        and 5; 0 for the pseudo-inverse (not a solve: :math:`G^+ b` need not solve :math:`Gx = b`).
     curvature
-        The smallest Rayleigh quotient :math:`p^\\top A p / p^\\top p` met along the search directions.
+        CG: the smallest Rayleigh quotient :math:`p^\\top A p / p^\\top p` met along the search
+        directions.  Cholesky: the smallest pivot :math:`L_{ii}^2` (at least the smallest eigenvalue).
+        Pseudo-inverse: 0.
     """
 
     converged: jax.Array
@@ -140,23 +158,71 @@ def add_damping(op: Callable[[PyTree], PyTree], damping: Any) -> Callable[[PyTre
 
 
 def solve_spd_dense(
-    matrix: jax.Array, rhs: PyTree, *, damping: Any = 0.0, what: str = "the metric G"
-) -> PyTree:
+    matrix: jax.Array,
+    rhs: PyTree,
+    *,
+    damping: Any = 0.0,
+    what: str = "the metric G",
+    return_info: bool = False,
+) -> PyTree | tuple[PyTree, SolveInfo]:
     """Solve ``(matrix + damping I) x = rhs`` by Cholesky; ``rhs`` is a pytree, ``matrix`` is over its flattened coordinates.
 
     Eagerly, a non-symmetric, singular or indefinite (damped) matrix raises
-    :class:`GeometryError`.  Under ``jit`` the checks cannot run; a failed Cholesky
-    factorization then gives NaN (never a finite wrong answer).
+    :class:`GeometryError` (symmetry to ``max(64 n, 1000) eps`` relative to ``max |matrix|``;
+    definiteness by the eigenvalues).  Under ``jit`` the same symmetry test and the Cholesky
+    factorization give the status of a :class:`SolveInfo` (``return_info=True``): 5 not symmetric,
+    2 the factorization failed or met a pivot :math:`L_{ii}^2 \\le n\\,\\varepsilon\\max|A_{ij}|`
+    (not positive definite to working precision), 3 non-finite entries; ``x`` is then NaN, never
+    a finite wrong answer (Cholesky reads one triangle only, so a non-symmetric matrix would
+    otherwise give the solution of another system).
+
+    Raises
+    ------
+    GeometryError
+        Eagerly, for a matrix that is not square of the right size, not finite, not symmetric or
+        not positive definite, an invalid ``damping``, or a non-finite ``rhs``.
     """
     check_damping(damping)
     check_finite(rhs, "the right-hand side")
     check_square_matrix(matrix, tree_size(rhs), what)
     check_finite(matrix, what)
+    matrix = jnp.asarray(matrix)
     flat_rhs, unravel = ravel(rhs)
-    damped = matrix if _is_zero(damping) else matrix + damping * jnp.eye(matrix.shape[0], dtype=matrix.dtype)
+    dtype = jnp.result_type(matrix, flat_rhs)
+    dtype = dtype if jnp.issubdtype(dtype, jnp.inexact) else jnp.result_type(float)
+    matrix, flat_rhs = matrix.astype(dtype), flat_rhs.astype(dtype)
+    damped = matrix if _is_zero(damping) else matrix + damping * jnp.eye(matrix.shape[0], dtype=dtype)
     check_spd(damped, what + ("" if _is_zero(damping) else " + damping * I"), rtol=symmetry_rtol(matrix))
-    cho = jsl.cho_factor(damped, lower=True)
-    return unravel(jsl.cho_solve(cho, flat_rhs))
+    x, info = _dense_cholesky(matrix, damped, flat_rhs)
+    solution = unravel(x)
+    return (solution, info) if return_info else solution
+
+
+def _dense_cholesky(matrix: jax.Array, damped: jax.Array, b: jax.Array) -> tuple[jax.Array, SolveInfo]:
+    """Cholesky solve with the traced checks of :func:`solve_spd_dense`; ``x`` is NaN unless the status is 0."""
+    n = damped.shape[0]
+    real = jnp.finfo(damped.dtype).dtype
+    eps = jnp.finfo(damped.dtype).eps
+    finite = jnp.all(jnp.isfinite(damped)) & jnp.all(jnp.isfinite(b))
+    symmetric = is_symmetric_to_roundoff(matrix)
+    L = jnp.linalg.cholesky(damped)  # NaN where it fails
+    pivots = jnp.real(jnp.diagonal(L)) ** 2
+    min_pivot = jnp.min(pivots) if n else jnp.asarray(jnp.inf, real)
+    scale = jnp.max(jnp.abs(damped)) if n else jnp.zeros((), real)
+    definite = min_pivot > n * eps * scale  # NaN (failed factorization) is not
+    status = jnp.where(
+        ~finite, CG_NONFINITE, jnp.where(~symmetric, CG_NOT_SYMMETRIC, jnp.where(~definite, CG_NONPOSITIVE_CURVATURE, CG_CONVERGED))
+    ).astype(jnp.int32)
+    ok = status == CG_CONVERGED
+    x = jsl.cho_solve((L, True), b)
+    x = jnp.where(ok, x, jnp.nan)
+    e = _power_of_two_scale(b)  # the residual of the exactly scaled system: no underflow for a tiny b
+    bs = jnp.ldexp(b, -e)
+    r = bs - damped @ jnp.ldexp(x, -e)
+    bb = jnp.real(jnp.vdot(bs, bs))
+    residual = jnp.sqrt(jnp.real(jnp.vdot(r, r)) / jnp.where(bb > 0, bb, 1.0))
+    info = SolveInfo(ok, status, jnp.zeros((), jnp.int32), residual.astype(real), min_pivot.astype(real))
+    return x, info
 
 
 #: Residual replacements after the recurrence claims convergence (see :func:`_cg_flat`).
@@ -164,7 +230,13 @@ _MAX_REPLACEMENTS = 3
 
 
 def _cg_loop(matvec, b, x, r, k, curv, rq_max, threshold, maxiter):
-    """CG iterations from ``x`` with residual ``r = b - A x`` (``p = r``) until the recurrence converges or stops."""
+    """CG iterations from ``x`` with residual ``r = b - A x`` (``p = r``) until the recurrence converges or stops.
+
+    Scale-free: every product is taken with the **unit** search direction ``p / |p|``, so that the
+    curvature ``p^T A p / p^T p`` is computed without squaring ``|p|`` (no underflow when the
+    operator or the residual is tiny), and every test is relative: the residual to ``threshold``
+    (``tol^2 |b|^2``), the curvature to the largest met so far.
+    """
     dtype = b.dtype
     eps = jnp.finfo(dtype).eps
     rr = jnp.real(jnp.vdot(r, r))
@@ -176,21 +248,21 @@ def _cg_loop(matvec, b, x, r, k, curv, rq_max, threshold, maxiter):
 
     def body(state):
         k, x, r, p, rr, _, curv, rq_max = state
-        Ap = matvec(p)
-        pAp = jnp.real(jnp.vdot(p, Ap))
-        pp = jnp.real(jnp.vdot(p, p))
-        rq = pAp / pp
+        pn = jnp.sqrt(jnp.real(jnp.vdot(p, p)))
+        u = p / jnp.where(pn > 0, pn, 1.0)  # the unit search direction
+        Au = matvec(u)
+        rq = jnp.real(jnp.vdot(u, Au))  # = p^T A p / p^T p
         curv = jnp.minimum(curv, rq)
         rq_max = jnp.maximum(rq_max, rq)
         good = rq > eps * rq_max  # p^T A p <= 0, or below round-off of the largest curvature met: not PD
-        alpha = rr / jnp.where(good, pAp, 1.0)
-        x_new = x + alpha * p
-        r_new = r - alpha * Ap
+        alpha = rr / (jnp.where(pn > 0, pn, 1.0) * jnp.where(good, rq, 1.0))  # the step along u
+        x_new = x + alpha * u
+        r_new = r - alpha * Au
         rr_new = jnp.real(jnp.vdot(r_new, r_new))
         p_new = r_new + (rr_new / rr) * p
         k1 = k + 1
         status = jnp.where(
-            ~jnp.isfinite(pAp) | ~jnp.isfinite(rr_new),
+            ~jnp.isfinite(rq) | ~jnp.isfinite(rr_new),
             CG_NONFINITE,
             jnp.where(
                 ~good,
@@ -210,20 +282,37 @@ def _cg_loop(matvec, b, x, r, k, curv, rq_max, threshold, maxiter):
     return k, x, rr, status, curv, rq_max
 
 
-def _cg_flat(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, maxiter: int):
-    """Conjugate gradients from ``x0 = 0`` with breakdown detection and residual replacement; ``(x, SolveInfo)``.
+def _power_of_two_scale(b: jax.Array) -> jax.Array:
+    """The exponent ``e`` with ``max|b_i| = m 2^e``, ``m`` in ``[1/2, 1)`` (clamped to the normal range; 0 for ``b = 0``).
 
-    The recurrence residual drifts from the true one :math:`b - Ax` in finite precision (float32
-    on a transformer's GGN: "converged" at a true residual 5-17 times the tolerance).  So when the
-    recurrence reaches the tolerance, the true residual is computed (one product); if it is above
-    the tolerance, CG restarts from ``x`` with the true residual (at most ``_MAX_REPLACEMENTS``
-    times, within ``maxiter``).  If it still is, the solve is accepted when the true residual is
-    within ``max(10 tol, 100 eps |Ax| / |b|)`` (the round-off floor) and otherwise reported as
-    :data:`CG_INACCURATE`.
+    Scaling by ``2^-e`` is exact in floating point, so ``b 2^-e`` has largest entry in ``[1/2, 1)``
+    whatever the magnitude of ``b``, and ``x = y 2^e`` undoes it exactly.
     """
-    dtype = b.dtype
-    real = jnp.finfo(dtype).dtype
-    eps = jnp.finfo(dtype).eps
+    finfo = jnp.finfo(b.dtype)
+    amax = jnp.max(jnp.abs(b)) if b.size else jnp.zeros((), finfo.dtype)
+    _, e = jnp.frexp(jnp.where(amax > 0, amax, 1.0).astype(finfo.dtype))
+    return jnp.clip(e, int(finfo.minexp), int(finfo.maxexp) - 1)
+
+
+def _cg_flat(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, maxiter: int):
+    """Conjugate gradients from ``x0 = 0``, scaled to ``b``, with breakdown detection and residual replacement.
+
+    Returns ``(x, SolveInfo)``.  **Scaling.**  CG runs on ``b 2^-e`` (``2^e`` the power of two of
+    ``max |b_i|``, an exact scaling) and returns ``y 2^e``: no quantity it compares can under- or
+    overflow because ``b`` is tiny or huge, and ``x(c b) = c x(b)`` exactly for ``c`` a power of two
+    (to the rounding of ``c b`` otherwise), down to the smallest normal float.
+
+    **Residual replacement.**  The recurrence residual drifts from the true one :math:`b - Ax` in
+    finite precision (float32 on a transformer's GGN: "converged" at a true residual 5-17 times the
+    tolerance).  So when the recurrence reaches the tolerance, the true residual is computed (one
+    product); if it is above the tolerance, CG restarts from ``x`` with the true residual (at most
+    ``_MAX_REPLACEMENTS`` times, within ``maxiter``).  If it still is, the status is
+    :data:`CG_INACCURATE`: status :data:`CG_CONVERGED` means the true relative residual, computed
+    from the returned ``x``, is at most ``tol``.
+    """
+    real = jnp.finfo(b.dtype).dtype
+    e = _power_of_two_scale(b)
+    b = jnp.ldexp(b, -e)
     bb = jnp.real(jnp.vdot(b, b))
     threshold = (tol**2) * bb
     inf = jnp.asarray(jnp.inf, real)
@@ -232,33 +321,32 @@ def _cg_flat(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, m
     )
 
     def true_residual(x):
-        Ax = matvec(x)
-        r = b - Ax
-        return r, jnp.real(jnp.vdot(r, r)), jnp.real(jnp.vdot(Ax, Ax))
+        r = b - matvec(x)
+        return r, jnp.real(jnp.vdot(r, r))
 
-    r, rr, AxAx = true_residual(x)
+    r, rr = true_residual(x)
 
     def cond(state):
-        k, _, _, rr, _, _, status, _, _, n = state
+        k, _, _, rr, _, status, _, _, n = state
         return (status == CG_CONVERGED) & ~(rr <= threshold) & (n < _MAX_REPLACEMENTS) & (k < maxiter)
 
     def body(state):
-        k, x, r, _, _, _, _, curv, rq_max, n = state
+        k, x, r, _, _, _, curv, rq_max, n = state
         k, x, rr_rec, status, curv, rq_max = _cg_loop(matvec, b, x, r, k, curv, rq_max, threshold, maxiter)
-        r, rr, AxAx = true_residual(x)
-        return k, x, r, rr, AxAx, rr_rec, status, curv, rq_max, n + 1
+        r, rr = true_residual(x)
+        return k, x, r, rr, rr_rec, status, curv, rq_max, n + 1
 
-    init = (k, x, r, rr, AxAx, rr_rec, status, curv, rq_max, jnp.zeros((), jnp.int32))
-    k, x, r, rr, AxAx, rr_rec, status, curv, _, _ = jax.lax.while_loop(cond, body, init)
+    init = (k, x, r, rr, rr_rec, status, curv, rq_max, jnp.zeros((), jnp.int32))
+    k, x, r, rr, rr_rec, status, curv, _, _ = jax.lax.while_loop(cond, body, init)
     scale = jnp.where(bb > 0, bb, 1.0)
     true_res = jnp.sqrt(rr / scale)
-    floor = 100 * eps * jnp.sqrt(AxAx / scale)
-    accepted = true_res <= jnp.maximum(10 * tol, floor)  # NaN is not accepted
-    status = jnp.where((status == CG_CONVERGED) & ~(rr <= threshold) & ~accepted, CG_INACCURATE, status)
+    # converged means the true residual of the returned x is within tol (NaN is not)
+    status = jnp.where((status == CG_CONVERGED) & ~(rr <= threshold), CG_INACCURATE, status)
     status = status.astype(jnp.int32)
     failed = (status == CG_NONPOSITIVE_CURVATURE) | (status == CG_NONFINITE)
     residual = jnp.where(failed, jnp.sqrt(rr_rec / scale), true_res)
-    return x, SolveInfo(status == CG_CONVERGED, status, k, residual.astype(real), curv.astype(real))
+    # the curvature is that of the operator itself (the scaling of b does not change it)
+    return jnp.ldexp(x, e), SolveInfo(status == CG_CONVERGED, status, k, residual.astype(real), curv.astype(real))
 
 
 def solve_spd_cg(
@@ -274,9 +362,14 @@ def solve_spd_cg(
     """Solve ``(op + damping I) x = rhs`` by conjugate gradients; ``x0 = 0``.
 
     Differentiable (``lax.custom_linear_solve``), ``jit``- and ``vmap``-compatible.
-    ``rhs = 0`` gives exactly ``x = 0``.  Every step checks the curvature
+    ``rhs = 0`` gives exactly ``x = 0`` (status 0).  Every step checks the curvature
     :math:`p^\\top A p`: a non-positive value means the operator is not positive
     definite (on the Krylov space CG explored) and stops the iteration.
+
+    **Scale-free.**  Every test is relative: the residual to ``tol |rhs|``, the curvature to the
+    largest met; CG runs on ``rhs`` scaled by a power of two to largest entry in ``[1/2, 1)``,
+    so ``x`` scales linearly with ``rhs`` down to the smallest normal float (a gradient of norm
+    ``1e-30`` is solved as accurately as one of norm 1).
 
     Errors and status:
 
@@ -289,14 +382,23 @@ def solve_spd_cg(
       (status 2) or non-finite (status 3), and the last iterate when ``maxiter`` was
       reached (status 1) or round-off kept the true residual above tolerance (status 4).
 
-    When the recurrence reaches the tolerance, the true residual :math:`b - Ax` is computed
+    ``converged`` (status 0) means the true relative residual :math:`\\lVert b - Ax\\rVert/\\lVert b\\rVert`
+    of the returned ``x`` (computed in the working precision, reported as ``info.residual``) is at
+    most ``tol``.  When the recurrence reaches the tolerance, the true residual is computed
     (one more product); if it is above the tolerance (the recurrence drifts in float32), CG
-    restarts from ``x`` with it, at most three times: the status under ``jit`` is the one an
-    eager call checks.
+    restarts from ``x`` with it, at most three times, and reports status 4 if it stays above:
+    the status under ``jit`` is the one an eager call checks.
 
-    ``tol`` is relative to ``|rhs|`` and is raised to at least ``eps`` of the dtype.
-    ``maxiter`` defaults to ``10 * d``.
+    ``tol`` (in ``(0, 1)``) is relative to ``|rhs|`` and is raised to at least ``eps`` of the dtype.
+    ``maxiter`` (a positive int) defaults to ``10 * d``.
+
+    Raises
+    ------
+    GeometryError
+        If ``tol`` is not in ``(0, 1)``, ``maxiter`` is not a positive int or ``None``,
+        ``damping`` is invalid or ``rhs`` is not finite; eagerly, if the solve fails (above).
     """
+    check_solver_options(tol, maxiter, "conjugate gradients")
     check_damping(damping)
     check_finite(rhs, "the right-hand side")
     damped = add_damping(op, damping)
@@ -316,13 +418,47 @@ def solve_spd_cg(
     return (solution, info) if return_info else solution
 
 
+def check_solver_options(tol: Any, maxiter: Any, who: str) -> None:
+    """Raise :class:`GeometryError` unless ``tol`` is a number in ``(0, 1)`` and ``maxiter`` a positive int or ``None``.
+
+    The one validation of the iterative-solver options of every public entry point (``who`` names
+    it in the message).  ``tol`` may be a traced value (its range is then not checked); ``maxiter``
+    must be concrete (it sizes the loop).
+    """
+    numeric = isinstance(tol, (int, float, np.number, jax.Array, np.ndarray)) and not isinstance(tol, (bool, np.bool_))
+    if not numeric or (hasattr(tol, "dtype") and not (jnp.issubdtype(tol.dtype, jnp.floating)
+                                                      or jnp.issubdtype(tol.dtype, jnp.integer))):
+        raise GeometryError(
+            f"{who}: tol must be a number in (0, 1) (a relative residual), got {type(tol).__name__} {tol!r}."
+        )
+    if not isinstance(tol, jax.core.Tracer):
+        try:
+            if jnp.shape(tol) != ():
+                raise TypeError
+            value = float(np.asarray(tol))
+        except (TypeError, ValueError):
+            raise GeometryError(
+                f"{who}: tol must be a number in (0, 1) (a relative residual), got {type(tol).__name__} {tol!r}."
+            ) from None
+        if not 0.0 < value < 1.0:  # also refuses NaN
+            raise GeometryError(
+                f"{who}: tol must be in (0, 1): it is the relative residual |b - Ax| / |b| to reach (e.g. tol=1e-6); "
+                f"got tol={value!r}."
+            )
+    if maxiter is None:
+        return
+    if isinstance(maxiter, (bool, np.bool_)) or not isinstance(maxiter, (int, np.integer)) or maxiter < 1:
+        raise GeometryError(
+            f"{who}: maxiter must be a positive int (an iteration count) or None (the default, 10 d); got {maxiter!r}."
+        )
+
+
 def _cg_setup(op: Callable[[PyTree], PyTree], rhs: PyTree, tol: Any, maxiter: int | None):
     """Flat right-hand side, unravel, the effective ``maxiter``, eps, effective tolerance and flat matvec."""
+    check_solver_options(tol, maxiter, "conjugate gradients")
     flat_b, unravel = ravel(rhs)
     d = flat_b.size
     maxiter = int(maxiter) if maxiter is not None else 10 * max(d, 1)
-    if maxiter < 1:
-        raise GeometryError(f"conjugate gradients: maxiter must be >= 1, got {maxiter}.")
     eps = float(jnp.finfo(flat_b.dtype if jnp.issubdtype(flat_b.dtype, jnp.inexact) else float).eps)
     if not jnp.issubdtype(flat_b.dtype, jnp.inexact):
         flat_b = flat_b.astype(jnp.result_type(float))
@@ -355,8 +491,9 @@ def _raise_on_cg_failure(matvec, b, info: SolveInfo, tol: float, maxiter: int, w
             "operator's products are not finite. Check the metric at these parameters."
         )
     if status == CG_NONPOSITIVE_CURVATURE:
-        bb = float(jnp.vdot(b, b))
-        rayleigh = abs(float(jnp.vdot(b, matvec(b)))) / bb if bb > 0 else 1.0
+        u = jnp.ldexp(b, -_power_of_two_scale(b))  # scale-free: |u| >= 1/2 unless b = 0
+        uu = float(jnp.real(jnp.vdot(u, u)))
+        rayleigh = abs(float(jnp.real(jnp.vdot(u, matvec(u))))) / uu if uu > 0 else 1.0
         suggestion = 1e-3 * (rayleigh if np.isfinite(rayleigh) and rayleigh > 0 else 1.0)
         raise GeometryError(
             f"{what} is not positive definite: add damping (e.g. damping={suggestion:.3g}). Conjugate gradients did "

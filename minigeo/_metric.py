@@ -35,6 +35,7 @@ from ._linalg import (
     _is_zero,
     add_damping,
     check_cg_solution,
+    check_solver_options,
     check_damping,
     solve_spd_cg,
     solve_spd_dense,
@@ -331,18 +332,22 @@ class Metric:
         method : {"cg", "dense"}, optional
             Matrix-free conjugate gradients, or Cholesky on the dense matrix.
         tol : float, optional
-            CG relative tolerance.
+            CG relative tolerance, in ``(0, 1)``: ``converged`` means the true relative residual
+            :math:`\lVert \mathrm{rhs} - (G + \lambda I)x\rVert / \lVert \mathrm{rhs}\rVert \le` ``tol``
+            (raised to at least the dtype's ``eps``).  Scale-free: ``x`` scales linearly with ``rhs``
+            down to the smallest normal float.
         maxiter : int, optional
-            CG iteration limit.
+            CG iteration limit, a positive int (default ``10 d``).
         max_size : int, optional
             Largest number of parameters for ``method="dense"``.
         return_info : bool, optional
             Under ``jit`` no exception can be raised: pass ``True`` to get ``(x, info)``, where
             ``info`` is a ``SolveInfo`` named tuple (``converged``, ``status``: 0 converged,
             1 ``maxiter`` reached, 2 not positive definite, 3 non-finite, 4 true residual above
-            tolerance after residual replacement (round-off); ``iterations``, ``residual`` (the true
-            relative residual), ``curvature``) to check.  With status 2 or 3 ``x`` is NaN.
-            ``method="dense"`` reports ``converged=True`` (under ``jit`` a failed Cholesky gives NaN).
+            ``tol`` after residual replacement (round-off), 5 not symmetric (dense);
+            ``iterations``, ``residual`` (the true relative residual), ``curvature``) to check.
+            With status 2, 3 or 5 ``x`` is NaN.  ``method="dense"`` checks the symmetry of the
+            matrix and its Cholesky pivots also under ``jit``.
 
         Returns
         -------
@@ -355,7 +360,8 @@ class Metric:
             Eagerly, if the (damped) metric is not symmetric, singular or indefinite (dense: by
             its eigenvalues; CG: by the curvature :math:`p^\top A p \le 0` met along the search
             directions), or if CG did not converge, with the advice to add damping; also for an
-            unknown ``method``, mismatched structures or non-finite inputs.
+            unknown ``method``, mismatched structures or non-finite inputs, ``tol`` outside ``(0, 1)``
+            or a ``maxiter`` that is not a positive int.
 
         Examples
         --------
@@ -368,18 +374,19 @@ class Metric:
         ----------
         Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (preconditioning by :math:`G^{-1}`). Chapter 3.
         """
+        check_solver_options(tol, maxiter, "Metric.solve")
         params = as_float_point(params, "params")
         rhs = as_float_point(rhs, "the right-hand side")
         check_same_structure(params, rhs, "the right-hand side", "params")
         check_finite(params, "params")
         if method == "dense":
-            x = solve_spd_dense(
+            return solve_spd_dense(
                 self.with_damping(0.0).dense(params, max_size=max_size),
                 rhs,
                 damping=self.damping,
                 what=f"the {self.name} metric",
+                return_info=return_info,
             )
-            return (x, _dense_info(x)) if return_info else x
         if method == "cg":
             what = f"the {self.name} metric"
             if not (self.compiled and is_concrete(params, rhs, self.damping)):
@@ -455,12 +462,6 @@ def _cg(_mv_fn: Any, metric: Metric, params: PyTree, rhs: PyTree, *, tol: float,
 
 
 _compiled_cg = jit_per_callable(_cg, static_argnames=("tol", "maxiter"))
-
-
-def _dense_info(x: PyTree) -> SolveInfo:
-    dtype = jnp.result_type(*jax.tree_util.tree_leaves(x))
-    zero = jnp.zeros((), dtype)
-    return SolveInfo(jnp.asarray(True), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), zero, zero)
 
 
 def _dense_matrix(metric: Metric, params: PyTree) -> jax.Array:

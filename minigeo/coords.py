@@ -47,7 +47,7 @@ from ._checks import (
     is_concrete,
     is_matrix as _is_matrix,
 )
-from ._linalg import SolveInfo, _is_zero, check_damping, solve_spd_cg, solve_spd_dense
+from ._linalg import SolveInfo, _is_zero, check_damping, check_solver_options, solve_spd_cg, solve_spd_dense
 from ._metric import Metric
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
 
@@ -950,7 +950,8 @@ def sharp(
     ----------
     G : array, callable or :class:`~minigeo.Metric`
         Dense symmetric positive-definite matrix (solved by Cholesky; its
-        symmetry and positive definiteness are checked eagerly, by its eigenvalues),
+        symmetry and positive definiteness are checked eagerly, by its eigenvalues, and under
+        ``jit`` by a symmetry test and the Cholesky pivots, reported in the status),
         a callable ``v -> G v`` (solved by conjugate gradients, with a
         convergence check and a curvature check :math:`p^\top G p > 0` at every step),
         or a :class:`~minigeo.Metric` field evaluated at ``at`` (solved by
@@ -962,14 +963,16 @@ def sharp(
         :math:`\lambda \ge 0` added to the diagonal (the operator :math:`G + \lambda I`); use it
         for singular metrics.  A number, NumPy scalar, 0-d array or traced value.
     tol : float, optional
-        Conjugate-gradient relative tolerance (matrix-free only).
+        Conjugate-gradient relative tolerance, in ``(0, 1)`` (matrix-free only; validated always).
+        ``converged`` means the true relative residual is at most ``tol``.
     maxiter : int, optional
-        Conjugate-gradient iteration limit (matrix-free only).
+        Conjugate-gradient iteration limit, a positive int (matrix-free only; validated always).
     return_info : bool, optional
         If ``True``, return ``(omega_sharp, info)`` with a ``SolveInfo`` (``converged``,
-        ``status``, ...; see :meth:`~minigeo.Metric.solve`), the way to check a CG solve
-        under ``jit``, where nothing can be raised (a matrix found not positive definite
-        then gives NaN).  The dense path reports ``converged=True``.
+        ``status``, ...; see :meth:`~minigeo.Metric.solve`), the way to check a solve
+        under ``jit``, where nothing can be raised.  A matrix found not positive definite
+        (status 2) or, on the dense path, not symmetric (status 5) then gives NaN, never a
+        finite wrong answer.
     at : pytree, optional
         The point :math:`\theta` at which a :class:`~minigeo.Metric` ``G`` is evaluated (required
         for one; unused otherwise).
@@ -983,8 +986,9 @@ def sharp(
     ------
     GeometryError
         If ``omega`` is not finite, a dense ``G`` is not symmetric positive definite, (eagerly) the
-        conjugate-gradient solve does not converge or finds the operator indefinite or singular, or
-        ``G`` is a :class:`~minigeo.Metric` and ``at`` is missing.
+        conjugate-gradient solve does not converge or finds the operator indefinite or singular,
+        ``G`` is a :class:`~minigeo.Metric` and ``at`` is missing, ``tol`` is not in ``(0, 1)``, or
+        ``maxiter`` is not a positive int or ``None``.
 
     Examples
     --------
@@ -1001,6 +1005,7 @@ def sharp(
     Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (the isomorphism :math:`\omega \mapsto G^{-1}\omega`;
     grad L is :math:`G^{-1}\nabla L`); Grosse (2022), CSC2541 lecture 3 *Metrics*. Chapter 1.
     """
+    check_solver_options(tol, maxiter, "sharp")
     omega = _as_array(omega)
     check_finite(omega, "the covector omega")
     if isinstance(G, Metric):
@@ -1009,12 +1014,7 @@ def sharp(
         damped = G if _is_zero(damping) else G.with_damping(G.damping + damping)
         return damped.solve(at, omega, method="cg", tol=tol, maxiter=maxiter, return_info=return_info)
     if _is_matrix(G):
-        x = solve_spd_dense(_as_array(G), omega, damping=damping, what="the metric G")
-        if not return_info:
-            return x
-        dtype = jax.numpy.result_type(*jax.tree_util.tree_leaves(x))
-        zero, izero = jax.numpy.zeros((), dtype), jax.numpy.zeros((), jax.numpy.int32)
-        return x, SolveInfo(jax.numpy.asarray(True), izero, izero, zero, zero)
+        return solve_spd_dense(_as_array(G), omega, damping=damping, what="the metric G", return_info=return_info)
     op = _as_operator(G, omega, "the metric G")
     return solve_spd_cg(
         op, omega, damping=damping, tol=tol, maxiter=maxiter, what="the metric G", return_info=return_info

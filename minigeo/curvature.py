@@ -35,7 +35,7 @@ from ._checks import (
     symmetry_rtol,
 )
 from ._compile import jit_per_callable
-from ._linalg import ResumableLanczos, lanczos_tridiagonal, solve_spd_cg
+from ._linalg import ResumableLanczos, check_solver_options, lanczos_tridiagonal, solve_spd_cg
 from ._estimators import mean_and_standard_error, rademacher_like
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from ._metric import Metric, MetricField, _matrix_field
@@ -457,8 +457,10 @@ def _metric_inverse(
     """``v -> G^{-1} v`` for None (identity), a positive pytree (diagonal) or a Metric (CG).
 
     ``strict``: a CG solve that did not converge gives NaN (under ``jit`` it cannot raise), so a
-    failed solve shows up as a non-finite result that the eager caller reports.
+    failed solve shows up as a non-finite result that the eager caller reports.  ``tol`` and
+    ``maxiter`` are validated for every metric (the public entry points forward theirs here).
     """
+    check_solver_options(tol, maxiter, "the conjugate-gradient solves with the metric")
     if metric is None:
         return lambda v: v
     if isinstance(metric, Metric):
@@ -563,9 +565,9 @@ def trace_estimate(
     batched : {"vmap", "map"}, optional
         ``"vmap"`` (probes vectorised) or ``"map"`` (``lax.map``, less memory).
     tol : float, optional
-        Relative tolerance of the conjugate-gradient solves with a Metric.
+        Relative tolerance, in ``(0, 1)``, of the conjugate-gradient solves with a Metric.
     maxiter : int, optional
-        Iteration cap of those solves.
+        Iteration cap of those solves, a positive int.
 
     Returns
     -------
@@ -575,8 +577,8 @@ def trace_estimate(
     Raises
     ------
     GeometryError
-        If ``num_probes`` or ``batched`` is invalid, ``params`` is not finite, a diagonal metric is
-        not positive, or (eagerly) a CG solve fails or the products are not finite.
+        If ``num_probes``, ``batched``, ``tol`` or ``maxiter`` is invalid, ``params`` is not finite,
+        a diagonal metric is not positive, or (eagerly) a CG solve fails or the products are not finite.
 
     Examples
     --------

@@ -31,9 +31,12 @@ from ._checks import (
     check_same_structure,
     check_spd,
     check_square_matrix,
+    check_symmetric,
+    is_concrete,
+    is_symmetric_to_roundoff,
     symmetry_rtol,
 )
-from ._linalg import SolveInfo, check_damping, solve_spd_dense
+from ._linalg import CG_CONVERGED, CG_NOT_SYMMETRIC, SolveInfo, check_damping, check_solver_options, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from ._metric import Metric, MetricField, _matrix_field
 
@@ -119,6 +122,10 @@ def moore_penrose_inverse(matrix: jax.Array, rcond: float | None = None) -> jax.
 
     .. math:: AA^+A = A,\qquad A^+AA^+ = A^+,\qquad (AA^+)^\top = AA^+,\qquad (A^+A)^\top = A^+A.
 
+    The Hermitian path reads one triangle of ``matrix`` only, so a non-symmetric matrix would give
+    the pseudo-inverse of another matrix: its symmetry is checked (to ``max(64 n, 1000) eps``
+    relative to ``max |A|``), eagerly by an error and under ``jit`` by an all-NaN result.
+
     Parameters
     ----------
     matrix : array
@@ -130,12 +137,12 @@ def moore_penrose_inverse(matrix: jax.Array, rcond: float | None = None) -> jax.
     Returns
     -------
     jax.Array
-        :math:`A^+`, of shape ``(n, n)``.
+        :math:`A^+`, of shape ``(n, n)``; all NaN under ``jit`` when ``matrix`` is not symmetric.
 
     Raises
     ------
     GeometryError
-        If ``matrix`` is not square or not finite.
+        If ``matrix`` is not square or not finite, or (eagerly) not symmetric.
 
     Examples
     --------
@@ -151,9 +158,14 @@ def moore_penrose_inverse(matrix: jax.Array, rcond: float | None = None) -> jax.
     """
     check_square_matrix(matrix, None, "the Gram matrix")
     check_finite(matrix, "the Gram matrix")
+    check_symmetric(matrix, "the Gram matrix")
+    matrix = jnp.asarray(matrix)
     n = matrix.shape[0]
     rtol = rcond if rcond is not None else 10 * n * jnp.finfo(matrix.dtype).eps
-    return jnp.linalg.pinv(matrix, rtol=rtol, hermitian=True)
+    pinv = jnp.linalg.pinv(matrix, rtol=rtol, hermitian=True)
+    if is_concrete(matrix):
+        return pinv
+    return jnp.where(is_symmetric_to_roundoff(matrix), pinv, jnp.nan)  # under jit: NaN, never a wrong inverse
 
 
 def natural_parameter_gradient(gram: jax.Array, grad: PyTree, rcond: float | None = None) -> PyTree:
@@ -177,12 +189,14 @@ def natural_parameter_gradient(gram: jax.Array, grad: PyTree, rcond: float | Non
     Returns
     -------
     pytree
-        :math:`G^+\nabla_\xi L`, with the structure of ``grad``.
+        :math:`G^+\nabla_\xi L`, with the structure of ``grad``; NaN under ``jit`` when ``gram`` is
+        not symmetric.
 
     Raises
     ------
     GeometryError
-        If ``gram`` is not a square matrix matching ``grad``, or either is not finite.
+        If ``gram`` is not a square matrix matching ``grad``, either is not finite, or (eagerly)
+        ``gram`` is not symmetric (to ``max(64 d, 1000) eps`` relative to ``max |G|``).
 
     Examples
     --------
@@ -289,9 +303,12 @@ def natural_gradient(
         natural parameter gradient :math:`(G + \lambda I)^+\nabla L` (dense, for
         singular metrics without damping).
     tol : float, optional
-        CG relative tolerance.
+        CG relative tolerance, in ``(0, 1)``: ``converged`` means the true relative residual
+        :math:`\lVert\nabla L - (G + \lambda I)x\rVert / \lVert\nabla L\rVert \le` ``tol`` (raised to
+        at least the dtype's ``eps``).  Scale-free: the direction scales linearly with ``grad``
+        down to the smallest normal float (a float32 gradient of norm ``1e-30`` included).
     maxiter : int, optional
-        CG iteration limit.
+        CG iteration limit, a positive int (default ``10 d``).
     rcond : float, optional
         Cut-off for ``"pinv"``.
     max_size : int, optional
@@ -299,8 +316,9 @@ def natural_gradient(
     return_info : bool, optional
         If ``True``, return ``(direction, info)`` with a ``SolveInfo`` named tuple
         (``converged``, ``status``, ``iterations``, ``residual``, ``curvature``; see
-        :meth:`~minigeo.Metric.solve`): the way to check a CG solve under ``jit``.  The
-        dense solvers report ``converged=True``.
+        :meth:`~minigeo.Metric.solve`): the way to check a solve under ``jit``.  ``"dense"``
+        reports the symmetry test and the Cholesky pivots (status 5 or 2, with a NaN direction),
+        ``"pinv"`` the symmetry test (status 5, NaN direction).
 
     Returns
     -------
@@ -315,8 +333,9 @@ def natural_gradient(
         or the dense matrix is not positive definite: the message suggests damping or
         ``solver="pinv"``; also for non-finite parameters or gradients.  Under ``jit``
         nothing can be raised: check ``info.converged`` (``return_info=True``); a metric
-        found not positive definite gives a NaN direction.  Also if ``metric`` is not a
-        :class:`~minigeo.Metric`, ``solver`` is unknown, or a dense solve exceeds ``max_size``.
+        found not positive definite (or, dense, not symmetric) gives a NaN direction.  Also if
+        ``metric`` is not a :class:`~minigeo.Metric`, ``solver`` is unknown, a dense solve exceeds
+        ``max_size``, ``tol`` is not in ``(0, 1)`` or ``maxiter`` is not a positive int or ``None``.
 
     Examples
     --------
@@ -336,6 +355,7 @@ def natural_gradient(
             f"natural_gradient needs a minigeo Metric (e.g. mg.ggn(model, loss)); got {type(metric).__name__}. "
             "For a dense Gram matrix use natural_parameter_gradient(gram, grad)."
         )
+    check_solver_options(tol, maxiter, "natural_gradient")
     try:
         params = as_float_point(params, "params")
         grad = as_float_point(grad, "the gradient")
@@ -356,16 +376,20 @@ def natural_gradient(
             ) from None
     check_dense_size(tree_size(params), max_size, f"The {metric.name} metric")
     if solver == "dense":
-        x = solve_spd_dense(damped.dense(params, max_size=max_size), grad, what=f"the {metric.name} metric")
-    elif solver == "pinv":
-        x = natural_parameter_gradient(damped.dense(params, max_size=max_size), grad, rcond=rcond)
-    else:
+        return solve_spd_dense(
+            damped.dense(params, max_size=max_size), grad, what=f"the {metric.name} metric", return_info=return_info
+        )
+    if solver != "pinv":
         raise GeometryError(f"natural_gradient: solver must be 'cg', 'dense' or 'pinv', got {solver!r}.")
+    G = damped.dense(params, max_size=max_size)
+    x = natural_parameter_gradient(G, grad, rcond=rcond)
     if not return_info:
         return x
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(x))
+    symmetric = is_symmetric_to_roundoff(G)
+    status = jnp.where(symmetric, CG_CONVERGED, CG_NOT_SYMMETRIC).astype(jnp.int32)
     zero = jnp.zeros((), dtype)
-    return x, SolveInfo(jnp.asarray(True), jnp.zeros((), jnp.int32), jnp.zeros((), jnp.int32), zero, zero)
+    return x, SolveInfo(symmetric, status, jnp.zeros((), jnp.int32), jnp.where(symmetric, zero, jnp.nan), zero)
 
 
 class PreconditionState(NamedTuple):
@@ -401,9 +425,9 @@ def precondition_by_metric(
     solver : {"cg", "dense", "pinv"}, optional
         As in :func:`~minigeo.natural_gradient`.
     tol : float, optional
-        CG relative tolerance.
+        CG relative tolerance, in ``(0, 1)``.
     maxiter : int, optional
-        CG iteration limit.
+        CG iteration limit, a positive int.
 
     Returns
     -------
@@ -413,7 +437,8 @@ def precondition_by_metric(
     Raises
     ------
     GeometryError
-        From ``update``: if ``params`` is missing, or as :func:`~minigeo.natural_gradient` raises.
+        If ``tol`` is not in ``(0, 1)`` or ``maxiter`` not a positive int or ``None``; from ``update``:
+        if ``params`` is missing, or as :func:`~minigeo.natural_gradient` raises.
 
     Examples
     --------
@@ -429,6 +454,7 @@ def precondition_by_metric(
     ----------
     Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (equivariant preconditioned gradient descent). Chapters 3 and 4.
     """
+    check_solver_options(tol, maxiter, "precondition_by_metric")
     import optax  # optional dependency, imported only when used
 
     def init_fn(params: PyTree) -> PreconditionState:

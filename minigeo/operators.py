@@ -480,7 +480,8 @@ class CurvatureOperator:
         batched : {"vmap", "map"}, optional
             Push the probes through a batch together (``vmap``) or one by one (``map``, less memory).
         tol, maxiter : optional
-            Conjugate-gradient tolerance and iteration limit for a matrix-free ``metric``.
+            Conjugate-gradient tolerance, in ``(0, 1)``, and iteration limit (a positive int) for a
+            matrix-free ``metric``.
         progress : bool or tqdm-like class, optional
             Show a progress bar.
 
@@ -493,8 +494,8 @@ class CurvatureOperator:
         Raises
         ------
         GeometryError
-            If ``num_probes`` is not a positive int, ``batched`` is unknown, there are no batches, or
-            the products are not finite.
+            If ``num_probes`` is not a positive int, ``batched`` is unknown, ``tol`` or ``maxiter`` is
+            invalid, there are no batches, or the products are not finite.
 
         Examples
         --------
