@@ -18,6 +18,7 @@ Krylov basis in host memory (``O(d)`` on the device).  Long passes show a progre
 
 from __future__ import annotations
 
+import itertools
 from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 import jax
@@ -53,6 +54,10 @@ class Batches(Sequence):
 
     No formula: batch :math:`i` holds examples ``i * batch_size`` to ``(i + 1) * batch_size - 1``.
 
+    Every batch it makes satisfies the example-count rule of :class:`~minigeo.CurvatureOperator`
+    (every leaf has the example axis first, and they agree), and it has a length, so every pass
+    over it is finite.  :meth:`stacked` gives the stacked form the sharpness functions take.
+
     Parameters
     ----------
     data : pytree of arrays
@@ -75,6 +80,8 @@ class Batches(Sequence):
     >>> b = mg.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 4)
     >>> len(b), [x.shape[0] for x, _ in b]
     (3, [4, 4, 2])
+    >>> [x.shape for x in mg.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 5).stacked()]
+    [(2, 5, 3), (2, 5)]
 
     References
     ----------
@@ -107,6 +114,20 @@ class Batches(Sequence):
     def __len__(self) -> int:
         return self._len
 
+    def stacked(self) -> PyTree:
+        """The batches stacked along a new leading axis: every leaf ``(len(self), batch_size, ...)``.
+
+        The form :func:`~minigeo.adaptive_sharpness` and :func:`~minigeo.geodesic_sharpness` take.
+        Needs equal batches: ``drop_remainder=True`` or a number of examples divisible by ``batch_size``.
+        """
+        if self.num_examples % self.batch_size and self._len * self.batch_size > self.num_examples:
+            raise GeometryError(
+                f"batches_of: cannot stack {self.num_examples} examples into batches of {self.batch_size}: the last "
+                "batch is smaller. Use drop_remainder=True or a batch_size that divides the number of examples."
+            )
+        k, b = self._len, self.batch_size
+        return jax.tree_util.tree_map(lambda x: x[: k * b].reshape((k, b) + tuple(jnp.shape(x)[1:])), self.data)
+
     def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
         if not -self._len <= i < self._len:
             raise IndexError(f"batch {i} of {self._len}")
@@ -122,7 +143,9 @@ def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -
     Parameters
     ----------
     data : pytree of arrays
-        A pytree of arrays with a common leading example axis.
+        A pytree of arrays with a common leading example axis: **every** leaf is per-example (a
+        leaf shared by all examples does not belong in ``data``; close over it in the loss, or
+        pass your own batches with ``examples=`` to the operator).
     batch_size : int
         Examples per batch.
     drop_remainder : bool, optional
@@ -131,7 +154,8 @@ def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -
     Returns
     -------
     :class:`~minigeo.Batches`
-        A re-iterable sequence of batches (pytrees like ``data``).
+        A re-iterable sequence of batches (pytrees like ``data``) with a length, so that every pass over
+        it is finite; ``.stacked()`` gives the stacked form of the sharpness functions.
 
     Raises
     ------
@@ -169,28 +193,102 @@ def _progress(iterable: Iterable, progress: Any, desc: str, total: int | None = 
     return progress(iterable, desc=desc, total=total)
 
 
-def _one_pass(batches: BatchSource) -> Iterable[Batch]:
-    return batches() if callable(batches) else batches
+class _FinitePass:
+    """At most ``max_batches`` batches of ``iterable``; sized (for progress bars) by that bound."""
+
+    def __init__(self, iterable: Iterable[Batch], max_batches: int) -> None:
+        self.iterable, self.max_batches = iterable, max_batches
+
+    def __len__(self) -> int:
+        if hasattr(self.iterable, "__len__"):
+            return min(len(self.iterable), self.max_batches)  # type: ignore[arg-type]
+        return self.max_batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        return itertools.islice(iter(self.iterable), self.max_batches)
 
 
-def _many_passes(batches: BatchSource, who: str) -> Callable[[], Iterable[Batch]]:
-    """A function giving a fresh pass over the data; refuse one-shot iterators."""
-    if callable(batches):
-        return batches
-    if isinstance(batches, Iterator):
+def _check_max_batches(max_batches: Any, who: str) -> None:
+    if max_batches is not None and (
+        isinstance(max_batches, bool) or not (isinstance(max_batches, (int, np.integer)) and max_batches >= 1)
+    ):
+        raise GeometryError(f"{who}: max_batches must be None or a positive int, got {max_batches!r}.")
+
+
+def _one_pass(batches: BatchSource, who: str, max_batches: int | None = None) -> Iterable[Batch]:
+    """One finite pass over the data: a sized iterable, or at most ``max_batches`` batches of any iterable.
+
+    An iterable without ``__len__`` (a generator, an iterator, a streaming loader) might never end,
+    so it needs ``max_batches``; checked before the first batch is drawn.
+    """
+    _check_max_batches(max_batches, who)
+    data = batches() if callable(batches) else batches
+    if max_batches is not None:
+        return _FinitePass(data, int(max_batches))
+    if not hasattr(data, "__len__"):
+        made = " returned by the batches function" if callable(batches) else ""
+        raise GeometryError(
+            f"{who}: the batches{made} have no length ({type(data).__name__}), so a pass over them might never "
+            "end. Pass a finite sized sequence (a list, or mg.batches_of(data, batch_size)), or max_batches=N "
+            "to stop after N batches."
+        )
+    return data
+
+
+def _many_passes(batches: BatchSource, who: str, max_batches: int | None = None) -> Callable[[], Iterable[Batch]]:
+    """A function giving a fresh finite pass over the data; refuse one-shot iterators."""
+    _check_max_batches(max_batches, who)
+    if not callable(batches) and isinstance(batches, Iterator):
         raise GeometryError(
             f"{who} passes over the data several times, but got a one-shot iterator (a generator?). "
             "Pass a list, mg.batches_of(data, batch_size), or a zero-argument function that returns a "
             "fresh iterator (e.g. lambda: loader)."
         )
-    return lambda: batches
+    if not callable(batches):
+        _one_pass(batches, who, max_batches)  # eagerly: a sized sequence or max_batches
+    return lambda: _one_pass(batches, who, max_batches)
 
 
-def _num_examples(batch: Batch, who: str) -> int:
-    leaves = jax.tree_util.tree_leaves(batch)
-    if not leaves or jnp.ndim(leaves[0]) < 1:
-        raise GeometryError(f"{who}: a batch must be a pytree of arrays with a leading example axis.")
-    n = int(jnp.shape(leaves[0])[0])
+def _num_examples(batch: Batch, who: str, examples: Callable[[Batch], Any] | None = None) -> int:
+    """The number of examples of a batch: ``examples(batch)``, or the leading axis that every leaf shares.
+
+    Without an ``examples`` rule every leaf must have a leading axis and all must agree on its
+    length (else :class:`GeometryError` naming the leaves and their sizes): a leaf that is not
+    per-example (a shared mask, a temperature) would otherwise silently set the weight of the batch.
+    """
+    if examples is not None:
+        n = examples(batch)
+        try:
+            ok = not isinstance(n, (bool, np.bool_)) and np.ndim(n) == 0 and float(n) == int(n) and int(n) >= 1
+        except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+            ok = False
+        if not ok:
+            raise GeometryError(
+                f"{who}: examples(batch) must return the number of examples of the batch, an int >= 1; got {n!r}."
+            )
+        return int(n)
+    pairs = jax.tree_util.tree_leaves_with_path(batch)
+    if not pairs:
+        raise GeometryError(f"{who}: a batch must be a pytree of arrays with a leading example axis; got no arrays.")
+    sizes = {}
+    for path, leaf in pairs:
+        name = jax.tree_util.keystr(path) or "(root)"
+        if jnp.ndim(leaf) < 1:
+            raise GeometryError(
+                f"{who}: the batch leaf {name} is a scalar (shape ()), so it has no leading example axis. Every "
+                "leaf of a batch must have one, or pass examples=lambda batch: <number of examples> to the "
+                "operator's constructor (e.g. examples=lambda b: b['x'].shape[0])."
+            )
+        sizes[name] = int(jnp.shape(leaf)[0])
+    if len(set(sizes.values())) != 1:
+        listing = ", ".join(f"{k}: {v}" for k, v in sizes.items())
+        raise GeometryError(
+            f"{who}: the leaves of a batch disagree on their leading (example) axis ({listing}), so the number of "
+            "examples of the batch is ambiguous. Give every leaf the example axis first, or pass "
+            "examples=lambda batch: <number of examples> to the operator's constructor (e.g. "
+            "examples=lambda b: b['x'].shape[0])."
+        )
+    n = next(iter(sizes.values()))
     if n == 0:
         raise GeometryError(f"{who}: a batch is empty; every batch needs at least one example.")
     return n
@@ -216,14 +314,32 @@ class CurvatureOperator:
         The point :math:`\theta` (a pytree of floating arrays).
     name : str
         Shown in messages and progress bars.
+    examples : callable, optional
+        ``examples(batch) -> int``, the number of examples :math:`n_b` of a batch (its weight in the
+        dataset mean).  By default :math:`n_b` is the length of the leading axis, which **every leaf**
+        of the batch must then have and agree on; pass ``examples`` when a batch holds leaves that are
+        not per-example (a shared mask, a temperature, a vocabulary table), e.g.
+        ``examples=lambda b: b["x"].shape[0]``.
 
     Raises
     ------
     GeometryError
-        If ``batch_mv`` is not callable, or ``params`` is empty, integer or not finite.
+        If ``batch_mv`` or ``examples`` is not callable, or ``params`` is empty, integer, complex or not
+        finite.
 
     Notes
     -----
+    **Batches.**  A batch is any pytree the per-batch product accepts.  Its number of examples
+    :math:`n_b` comes from one explicit rule: ``examples(batch)`` if given, else the common
+    length of the leading axes of all its leaves; leaves that disagree raise
+    :class:`GeometryError` naming each leaf and its size (the count is never read off one leaf).
+    **Passes.**  Every pass over the data (:meth:`dataset_mv`, :meth:`trace_estimate`,
+    :meth:`top_eigenvalues`, :meth:`logdet_slq`) takes a finite sized sequence (a list,
+    :func:`~minigeo.batches_of`, or a function returning one), or any iterable with
+    ``max_batches=N`` (at most ``N`` batches per pass); an iterable without a length and without
+    ``max_batches`` (a generator, a streaming loader) raises before the first batch, since the pass
+    might never end.  ``progress=True`` shows a bar with the pass's length.
+
     Its per-batch products are compiled once per operator (and per batch shape), with the
     parameters and the batch as arguments, so neither a new batch nor :meth:`at` new
     parameters recompiles.  The invariant endomorphism :math:`G^{-1}M` enters through the
@@ -246,9 +362,21 @@ class CurvatureOperator:
     Grosse (2022), CSC2541 lecture 3. Taught in chapter 4, *Invariant Hessians*.
     """
 
-    def __init__(self, batch_mv: Callable[[PyTree, PyTree, Batch], PyTree], params: PyTree, name: str) -> None:
+    def __init__(
+        self,
+        batch_mv: Callable[[PyTree, PyTree, Batch], PyTree],
+        params: PyTree,
+        name: str,
+        *,
+        examples: Callable[[Batch], int] | None = None,
+    ) -> None:
         if not callable(batch_mv):
             raise GeometryError(f"CurvatureOperator needs a callable batch_mv; got {type(batch_mv).__name__}.")
+        if examples is not None and not callable(examples):
+            raise GeometryError(
+                f"CurvatureOperator: examples must be None or a function batch -> number of examples; got {examples!r}."
+            )
+        self.examples = examples
         params = as_float_point(params, "params")
         check_finite(params, "params")
         self.params, self.name, self.batch_mv = params, name, batch_mv
@@ -335,10 +463,12 @@ class CurvatureOperator:
         *Invariant Hessians*.
         """
         check_same_structure(self.params, v, "v", "params")
-        _num_examples(batch, self.name)
+        _num_examples(batch, self.name, self.examples)
         return self._mv(self.params, v, batch)
 
-    def dataset_mv(self, v: PyTree, batches: BatchSource, *, progress: Any = False) -> PyTree:
+    def dataset_mv(
+        self, v: PyTree, batches: BatchSource, *, progress: Any = False, max_batches: int | None = None
+    ) -> PyTree:
         r"""The product with the dataset matrix, over one pass of ``batches``.
 
         .. math:: Mv = \frac{\sum_b n_b M_b v}{\sum_b n_b}.
@@ -347,10 +477,13 @@ class CurvatureOperator:
         ----------
         v : pytree
             A tangent vector, structured like ``params``.
-        batches : iterable or callable
-            An iterable of batches, or a function returning one.
+        batches : sequence or callable
+            A finite sized sequence of batches (a list, :func:`~minigeo.batches_of`), or a function
+            returning one; any other iterable needs ``max_batches``.
         progress : bool or tqdm-like class, optional
             Show a progress bar.
+        max_batches : int, optional
+            Use at most this many batches (required for an iterable without a length).
 
         Returns
         -------
@@ -360,8 +493,9 @@ class CurvatureOperator:
         Raises
         ------
         GeometryError
-            If ``v`` differs in structure, there are no batches, a batch is empty, or the product is
-            not finite.
+            If ``v`` differs in structure or dtype, ``batches`` has no length and no ``max_batches`` is
+            given, there are no batches, a batch is empty or its leaves disagree on the number of
+            examples (see the class notes), or the product is not finite.
 
         Examples
         --------
@@ -379,8 +513,8 @@ class CurvatureOperator:
         """
         check_same_structure(self.params, v, "v", "params")
         total, n = None, 0
-        for batch in _progress(_one_pass(batches), progress, f"{self.name} product"):
-            nb = _num_examples(batch, self.name)
+        for batch in _progress(_one_pass(batches, self.name, max_batches), progress, f"{self.name} product"):
+            nb = _num_examples(batch, self.name, self.examples)
             out = jax.tree_util.tree_map(lambda x: nb * x, self._mv(self.params, v, batch))
             total = out if total is None else jax.tree_util.tree_map(jnp.add, total, out)
             n += nb
@@ -425,7 +559,7 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), Sec. 3.4 (curvature matrices as metrics). Taught in chapter 4,
         *Invariant Hessians*.
         """
-        _num_examples(batch, self.name)
+        _num_examples(batch, self.name, self.examples)
         return Metric(lambda params, v: self._mv(params, v, batch), f"{self.name} (one batch)")
 
     # -- estimators ------------------------------------------------------------
@@ -440,6 +574,7 @@ class CurvatureOperator:
         tol: float = 1e-6,
         maxiter: int | None = None,
         progress: Any = False,
+        max_batches: int | None = None,
     ) -> tuple[jax.Array, jax.Array]:
         r"""Hutchinson estimate of :math:`\mathrm{tr}(G^{-1}M)` over the dataset, in **one** pass.
 
@@ -454,8 +589,8 @@ class CurvatureOperator:
         ----------
         key : jax.Array
             PRNG key for the probes.
-        batches : iterable or callable
-            An iterable of batches, or a function returning one.
+        batches : sequence or callable
+            A finite sized sequence of batches, or a function returning one (see :meth:`dataset_mv`).
         metric : pytree or :class:`~minigeo.Metric`, optional
             ``None`` (Euclidean), a positive diagonal pytree, or a :class:`~minigeo.Metric`.
         num_probes : int, optional
@@ -466,6 +601,8 @@ class CurvatureOperator:
             Conjugate-gradient tolerance and iteration limit for a matrix-free ``metric``.
         progress : bool or tqdm-like class, optional
             Show a progress bar.
+        max_batches : int, optional
+            Use at most this many batches (required for an iterable without a length).
 
         Returns
         -------
@@ -476,8 +613,9 @@ class CurvatureOperator:
         Raises
         ------
         GeometryError
-            If ``num_probes`` is not a positive int, ``batched`` is unknown, there are no batches, or
-            the products are not finite.
+            If ``num_probes`` is not a positive int, ``batched`` is unknown, ``key`` is not a PRNG key,
+            ``batches`` has no length and no ``max_batches`` is given, there are no batches, or the
+            products are not finite.
 
         Examples
         --------
@@ -499,13 +637,14 @@ class CurvatureOperator:
             raise GeometryError(f"trace_estimate: num_probes must be a positive int, got {num_probes!r}.")
         if batched not in ("vmap", "map"):
             raise GeometryError(f"trace_estimate: batched must be 'vmap' or 'map', got {batched!r}.")
+        data = _one_pass(batches, self.name, max_batches)  # before the probes' solves: a finite pass
         probes = rademacher_like(key, self.params, num_probes)
         _metric_inverse(metric, self.params, tol, maxiter)  # validates a diagonal metric eagerly
         apply_inverse = _metric_inverse(metric, self.params, tol, maxiter, strict=True)  # NaN where CG failed
         duals = jax.lax.map(apply_inverse, probes) if metric is not None else probes
         values, n = None, 0
-        for batch in _progress(_one_pass(batches), progress, f"{self.name} trace"):
-            nb = _num_examples(batch, self.name)
+        for batch in _progress(data, progress, f"{self.name} trace"):
+            nb = _num_examples(batch, self.name, self.examples)
             vb = nb * self._terms(self.params, probes, duals, batch, batched=batched)
             values = vb if values is None else values + vb
             n += nb
@@ -528,6 +667,7 @@ class CurvatureOperator:
         tol: float = 1e-8,
         maxiter: int | None = None,
         progress: Any = False,
+        max_batches: int | None = None,
     ) -> jax.Array:
         r"""The ``k`` largest eigenvalues of :math:`G^{-1}M` over the dataset, by Lanczos.
 
@@ -558,6 +698,8 @@ class CurvatureOperator:
             Conjugate-gradient tolerance and iteration limit for a matrix-free ``metric``.
         progress : bool or tqdm-like class, optional
             Show a progress bar.
+        max_batches : int, optional
+            Use at most this many batches per pass (required for batches without a length).
 
         Returns
         -------
@@ -567,7 +709,7 @@ class CurvatureOperator:
         Raises
         ------
         GeometryError
-            If ``batches`` is a one-shot iterator, a value cannot be certified to ``rtol``, or the
+            If ``batches`` is a one-shot iterator or has no length (and no ``max_batches``), a value cannot be certified to ``rtol``, or the
             products are not finite.
 
         Examples
@@ -585,7 +727,7 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A.3 (eigenvalues of :math:`E = G^{-1}H`
         are invariant). Taught in chapter 4, *Invariant Hessians*.
         """
-        fresh = _many_passes(batches, "top_eigenvalues")
+        fresh = _many_passes(batches, "top_eigenvalues", max_batches)
         d = tree_size(self.params)
         flat0, unravel = ravel(self.params)
         apply_inverse = _metric_inverse(metric, self.params, tol, maxiter)
@@ -607,6 +749,7 @@ class CurvatureOperator:
         num_probes: int = 20,
         num_iterations: int = 30,
         progress: Any = False,
+        max_batches: int | None = None,
     ) -> tuple[jax.Array, jax.Array]:
         r"""Stochastic Lanczos quadrature of :math:`\log\det(M + \lambda I)` over the dataset.
 
@@ -630,6 +773,8 @@ class CurvatureOperator:
             Lanczos steps per probe (capped at ``d``).
         progress : bool or tqdm-like class, optional
             Show a progress bar.
+        max_batches : int, optional
+            Use at most this many batches per pass (required for batches without a length).
 
         Returns
         -------
@@ -640,7 +785,8 @@ class CurvatureOperator:
         ------
         GeometryError
             If ``num_probes`` or ``num_iterations`` is not a positive int, ``damping`` is invalid,
-            ``batches`` is a one-shot iterator, or the operator is singular or indefinite.
+            ``batches`` is a one-shot iterator or has no length (and no ``max_batches``), or the operator
+            is singular or indefinite.
 
         Examples
         --------
@@ -663,7 +809,7 @@ class CurvatureOperator:
         if not (isinstance(num_iterations, int) and num_iterations >= 1):
             raise GeometryError(f"logdet_slq: num_iterations must be a positive int, got {num_iterations!r}.")
         check_damping(damping, "logdet_slq: damping")
-        fresh = _many_passes(batches, "logdet_slq")
+        fresh = _many_passes(batches, "logdet_slq", max_batches)
         d = tree_size(self.params)
         flat0, unravel = ravel(self.params)
         m = min(num_iterations, d)
@@ -703,7 +849,9 @@ def _split(batch: Batch, who: str) -> tuple[Any, Any]:
     return batch[0], batch[1]
 
 
-def hessian_operator(loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTree) -> CurvatureOperator:
+def hessian_operator(
+    loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTree, *, examples: Callable[[Batch], int] | None = None
+) -> CurvatureOperator:
     r"""The Hessian of a loss over a dataset, applied batch by batch.
 
     .. math:: H = \nabla^2_\theta \frac1N\sum_n \ell_n(\theta).
@@ -714,6 +862,9 @@ def hessian_operator(loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTr
         ``loss_fn(params, batch)``, the **mean** loss over the batch (any pytree batch).
     params : pytree
         The point.
+    examples : callable, optional
+        ``examples(batch) -> int``, the number of examples of a batch (see
+        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
@@ -739,13 +890,17 @@ def hessian_operator(loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTr
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (5) (the Hessian as a bilinear form). Taught in
     chapter 4, *Invariant Hessians*.
     """
-    return CurvatureOperator(lambda p, v, batch: hvp(lambda q: loss_fn(q, batch), p, v), params, "Hessian")
+    return CurvatureOperator(
+        lambda p, v, batch: hvp(lambda q: loss_fn(q, batch), p, v), params, "Hessian", examples=examples
+    )
 
 
 def ggn_operator(
     model_fn: Callable[[PyTree, Any], jax.Array],
     loss_fn: Callable[[jax.Array, Any], jax.Array],
     params: PyTree,
+    *,
+    examples: Callable[[Batch], int] | None = None,
 ) -> CurvatureOperator:
     r"""The generalized Gauss-Newton matrix of a model and loss over a dataset.
 
@@ -759,6 +914,9 @@ def ggn_operator(
         ``loss_fn(z, targets)``, the **mean** loss over the batch.
     params : pytree
         The point.
+    examples : callable, optional
+        ``examples(batch) -> int``, the number of examples of a batch (see
+        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
@@ -789,13 +947,15 @@ def ggn_operator(
         x, t = _split(batch, "ggn_operator")
         return ggn(lambda q: model_fn(q, x), lambda z: loss_fn(z, t)).mv(p, v)
 
-    return CurvatureOperator(mv, params, "GGN")
+    return CurvatureOperator(mv, params, "GGN", examples=examples)
 
 
 def fisher_operator(
     model_fn: Callable[[PyTree, Any], jax.Array],
     params: PyTree,
     likelihood: Union[str, Likelihood] = "categorical",
+    *,
+    examples: Callable[[Batch], int] | None = None,
 ) -> CurvatureOperator:
     r"""The Fisher information of a model's predictive distribution over a dataset.
 
@@ -812,6 +972,9 @@ def fisher_operator(
         The point.
     likelihood : {"categorical", "gaussian"} or :class:`~minigeo.Likelihood`, optional
         The predictive distribution.
+    examples : callable, optional
+        ``examples(batch) -> int``, the number of examples of a batch (see
+        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
@@ -842,13 +1005,15 @@ def fisher_operator(
         x, _ = _split(batch, "fisher_operator")
         return fisher(lambda q: model_fn(q, x), likelihood).mv(p, v)
 
-    return CurvatureOperator(mv, params, "Fisher")
+    return CurvatureOperator(mv, params, "Fisher", examples=examples)
 
 
 def empirical_fisher_operator(
     model_fn: Callable[[PyTree, Any], jax.Array],
     per_example_loss_fn: Callable[[jax.Array, Any], jax.Array],
     params: PyTree,
+    *,
+    examples: Callable[[Batch], int] | None = None,
 ) -> CurvatureOperator:
     r"""The empirical Fisher of a model and per-example loss over a dataset.
 
@@ -862,6 +1027,9 @@ def empirical_fisher_operator(
         ``per_example_loss_fn(z, targets) -> (n,)``, the unreduced losses.
     params : pytree
         The point.
+    examples : callable, optional
+        ``examples(batch) -> int``, the number of examples of a batch (see
+        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
@@ -892,4 +1060,4 @@ def empirical_fisher_operator(
         x, t = _split(batch, "empirical_fisher_operator")
         return empirical_fisher(lambda q: model_fn(q, x), lambda z: per_example_loss_fn(z, t)).mv(p, v)
 
-    return CurvatureOperator(mv, params, "empirical Fisher")
+    return CurvatureOperator(mv, params, "empirical Fisher", examples=examples)
