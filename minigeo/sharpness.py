@@ -37,7 +37,7 @@ import numpy as np
 
 from ._checks import GeometryError, as_float_point, check_finite, check_key, is_concrete
 from ._tree import PyTree
-from .quotient import _factor_pair, _mT, _PairFrame, _whitened_projection
+from .quotient import _eps_that_works, _factor_pair, _mT, _PairFrame, _whitened_projection
 
 __all__ = [
     "SymmetrySpec",
@@ -1116,23 +1116,6 @@ def _error_bound(fac: list, dtype) -> jax.Array:
     eps = jnp.asarray(jnp.finfo(dtype).eps, dtype)
     bounds = [jnp.max(b).astype(dtype) for b in _pair_bounds(fac, dtype)]
     return jnp.max(jnp.stack(bounds + [eps]))
-
-
-def _eps_that_works(G: np.ndarray, H: np.ndarray, target_cond: float) -> float:
-    r"""The smallest relaxation :math:`\epsilon` (rounded up, with a factor 2 of margin in the condition number)
-    for which both sides' relaxed condition numbers :math:`\sqrt{(s_{\max}^2 + \epsilon)/(s_{\min}^2 + \epsilon)}`
-    are at most ``target_cond``, for every head of the pair (singular values in float64)."""
-    c2 = (0.5 * target_cond) ** 2
-    need = 0.0
-    for M in (G, H):
-        M = np.asarray(M, np.float64).reshape((-1,) + np.shape(M)[-2:])
-        for m in M:
-            sv = np.linalg.svd(m, compute_uv=False)
-            need = max(need, (sv[0] ** 2 / c2 - sv[-1] ** 2) / (1.0 - 1.0 / c2))
-    if need <= 0:
-        return 0.0
-    mant, expo = f"{need:.0e}".split("e")
-    return (int(mant) + 1) * 10.0 ** int(expo)  # one digit, rounded up
 
 
 def _raise_if_pair_inaccurate(who: str, geometry, fac: list, dtype, rtol: float) -> None:
