@@ -12,7 +12,6 @@ import pytest
 from helpers import rng
 
 import minigeo as mg
-from minigeo.sharpness import _rho_limit
 
 
 # ---------------------------------------------------------------------------
@@ -211,6 +210,8 @@ def test_low_precision_sharpness_refused_with_cast_advice(dtype):
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_absurd_rho_refused_eagerly_and_flagged_under_jit(dtype):
     loss = lambda w, b: 0.5 * jnp.sum(b[0] * (w - 1.0) ** 2)
+    from minigeo.sharpness import _rho_limit
+
     w, b = jnp.ones(3, dtype), jnp.ones((1, 1, 3), dtype)
     limit = _rho_limit(dtype)
     assert limit == pytest.approx(1 / float(jnp.finfo(dtype).eps))
