@@ -30,6 +30,7 @@ __all__ = [
     "check_spd",
     "check_symmetric",
     "is_symmetric_to_roundoff",
+    "check_key",
 ]
 
 
@@ -100,6 +101,30 @@ def check_same_structure(reference: Any, other: Any, what: str, reference_name: 
                 f"shape {jnp.shape(leaf_ref)} there. Full shapes: {what}: {_describe(other)}, "
                 f"{reference_name}: {_describe(reference)}."
             )
+    _check_same_dtypes(reference, other, what, reference_name)
+
+
+def _check_same_dtypes(reference: Any, other: Any, what: str, reference_name: str) -> None:
+    """Raise unless every leaf of ``other`` has the (canonical) dtype of the real floating leaf of ``reference``.
+
+    JAX's ``jvp`` and ``linearize`` need tangents of exactly the point's dtype; an integer, complex
+    or differently sized floating tangent would otherwise fail deep inside JAX with a ``TypeError``.
+    Python floats (weakly typed) are accepted.
+    """
+    for (path, leaf_ref), leaf_other in zip(
+        jax.tree_util.tree_leaves_with_path(reference), jax.tree_util.tree_leaves(other)
+    ):
+        if isinstance(leaf_other, float):
+            continue
+        ref_dtype, other_dtype = jnp.result_type(leaf_ref), jnp.result_type(leaf_other)
+        if not jnp.issubdtype(ref_dtype, jnp.floating) or other_dtype == ref_dtype:
+            continue
+        where = f" at {jax.tree_util.keystr(path)}" if path else ""
+        raise GeometryError(
+            f"{what} has dtype {other_dtype}{where}, but {reference_name} has dtype {ref_dtype}{' there' if path else ''}. "
+            f"Tangent vectors and covectors must have the dtype of the point; convert with "
+            f"jax.tree_util.tree_map(lambda a, p: jnp.asarray(a, p.dtype), {what.split()[-1]}, point)."
+        )
 
 
 def check_finite(tree: Any, what: str, hint: str = "") -> None:
@@ -263,11 +288,11 @@ def check_symmetric(matrix: Any, what: str = "the metric") -> None:
 
 
 def as_float_point(tree: Any, what: str = "params") -> Any:
-    """Validate a point or tangent vector given to a metric: convert, refuse empty and integer inputs.
+    """Validate a point or tangent vector given to a metric: convert, refuse empty, integer and complex inputs.
 
     A (nested) Python list or tuple of numbers is converted to a floating-point array.
-    An empty pytree (no coordinates) and integer or boolean leaves raise
-    :class:`GeometryError` (differentiation and metrics need floating-point coordinates).
+    An empty pytree (no coordinates), integer or boolean leaves, and complex leaves raise
+    :class:`GeometryError` (differentiation and metrics need real floating-point coordinates).
     """
     leaves = jax.tree_util.tree_leaves(tree)
     if (
@@ -285,6 +310,13 @@ def as_float_point(tree: Any, what: str = "params") -> Any:
         )
     for path, leaf in pairs:
         dtype = jnp.result_type(leaf)
+        if jnp.issubdtype(dtype, jnp.complexfloating):
+            where = jax.tree_util.keystr(path) or ""
+            raise GeometryError(
+                f"{what}{where} has the complex dtype {dtype}; minigeo's geometry is real (metrics, traces and "
+                "eigenvalues of real parameters). Split a complex parameter into real and imaginary parts, e.g. "
+                "{'re': z.real, 'im': z.imag}."
+            )
         if not jnp.issubdtype(dtype, jnp.inexact):
             where = jax.tree_util.keystr(path) or ""
             raise GeometryError(
@@ -314,3 +346,25 @@ def _nested_numbers(obj: Any) -> bool:
 def as_array(obj: Any) -> Any:
     """Nested lists of numbers become an array (a matrix given as a list is accepted)."""
     return jnp.asarray(np.asarray(obj)) if isinstance(obj, (list, tuple)) and _nested_numbers(obj) else obj
+
+
+def check_key(key: Any, what: str = "key") -> None:
+    """Raise unless ``key`` is a JAX PRNG key: a typed key array of shape ``()`` (``jax.random.key``) or
+    legacy raw key data, a ``uint32`` array of shape ``(2,)`` or ``(4,)`` (``jax.random.PRNGKey``).
+
+    Shape and dtype are static, so the check also runs under ``jit``.
+    """
+    dtype = getattr(key, "dtype", None)
+    shape = tuple(getattr(key, "shape", ()) or ())
+    if dtype is not None and jax.dtypes.issubdtype(dtype, jax.dtypes.prng_key):
+        if shape == ():
+            return
+        raise GeometryError(
+            f"{what} must be a single PRNG key, got a key array of shape {shape}; pass one key, e.g. keys[0]."
+        )
+    if dtype is not None and np.dtype(dtype) == np.uint32 and shape in ((2,), (4,)):
+        return
+    got = f"{type(key).__name__} {key!r}" if dtype is None else f"an array of dtype {dtype} and shape {shape}"
+    raise GeometryError(
+        f"{what} must be a JAX PRNG key, e.g. jax.random.PRNGKey(0) or jax.random.key(0); got {got}."
+    )

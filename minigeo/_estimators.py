@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import GeometryError, check_finite, is_concrete
+from ._checks import GeometryError, check_finite, check_key, is_concrete
 from ._tree import PyTree
 
 __all__ = ["rademacher_like", "mean_and_standard_error", "slq_breakdown_tol", "slq_quadrature", "check_slq_positive"]
@@ -17,8 +17,9 @@ def rademacher_like(key: jax.Array, params: PyTree, num: int) -> PyTree:
 
     Each 32-bit random word supplies 32 signs, so the random-number generation
     costs 1/32 of drawing one number per coordinate (it dominates the cost of
-    probing cheap models otherwise).
+    probing cheap models otherwise).  ``key`` must be a PRNG key (else :class:`GeometryError`).
     """
+    check_key(key)
     leaves, treedef = jax.tree_util.tree_flatten(params)
     keys = jax.random.split(key, len(leaves))
     shifts = jnp.arange(32, dtype=jnp.uint32)

@@ -19,6 +19,7 @@ Krylov basis in host memory (``O(d)`` on the device).  Long passes show a progre
 from __future__ import annotations
 
 import functools
+import itertools
 from typing import Any, Callable, Iterable, Iterator, Sequence, Union
 
 import jax
@@ -55,6 +56,10 @@ class Batches(Sequence):
 
     No formula: batch :math:`i` holds examples ``i * batch_size`` to ``(i + 1) * batch_size - 1``.
 
+    Every batch it makes satisfies the example-count rule of :class:`~minigeo.CurvatureOperator`
+    (every leaf has the example axis first, and they agree), and it has a length, so every pass
+    over it is finite.  :meth:`stacked` gives the stacked form the sharpness functions take.
+
     Parameters
     ----------
     data : pytree of arrays
@@ -77,6 +82,8 @@ class Batches(Sequence):
     >>> b = mg.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 4)
     >>> len(b), [x.shape[0] for x, _ in b]
     (3, [4, 4, 2])
+    >>> [x.shape for x in mg.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 5).stacked()]
+    [(2, 5, 3), (2, 5)]
 
     References
     ----------
@@ -109,6 +116,20 @@ class Batches(Sequence):
     def __len__(self) -> int:
         return self._len
 
+    def stacked(self) -> PyTree:
+        """The batches stacked along a new leading axis: every leaf ``(len(self), batch_size, ...)``.
+
+        The form :func:`~minigeo.adaptive_sharpness` and :func:`~minigeo.geodesic_sharpness` take.
+        Needs equal batches: ``drop_remainder=True`` or a number of examples divisible by ``batch_size``.
+        """
+        if self.num_examples % self.batch_size and self._len * self.batch_size > self.num_examples:
+            raise GeometryError(
+                f"batches_of: cannot stack {self.num_examples} examples into batches of {self.batch_size}: the last "
+                "batch is smaller. Use drop_remainder=True or a batch_size that divides the number of examples."
+            )
+        k, b = self._len, self.batch_size
+        return jax.tree_util.tree_map(lambda x: x[: k * b].reshape((k, b) + tuple(jnp.shape(x)[1:])), self.data)
+
     def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
         if not -self._len <= i < self._len:
             raise IndexError(f"batch {i} of {self._len}")
@@ -124,7 +145,9 @@ def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -
     Parameters
     ----------
     data : pytree of arrays
-        A pytree of arrays with a common leading example axis.
+        A pytree of arrays with a common leading example axis: **every** leaf is per-example (a
+        leaf shared by all examples does not belong in ``data``; close over it in the loss, or
+        pass your own batches with ``examples=`` to the operator).
     batch_size : int
         Examples per batch.
     drop_remainder : bool, optional
@@ -133,7 +156,8 @@ def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -
     Returns
     -------
     :class:`~minigeo.Batches`
-        A re-iterable sequence of batches (pytrees like ``data``).
+        A re-iterable sequence of batches (pytrees like ``data``) with a length, so that every pass over
+        it is finite; ``.stacked()`` gives the stacked form of the sharpness functions.
 
     Raises
     ------
@@ -171,28 +195,102 @@ def _progress(iterable: Iterable, progress: Any, desc: str, total: int | None = 
     return progress(iterable, desc=desc, total=total)
 
 
-def _one_pass(batches: BatchSource) -> Iterable[Batch]:
-    return batches() if callable(batches) else batches
+class _FinitePass:
+    """At most ``max_batches`` batches of ``iterable``; sized (for progress bars) by that bound."""
+
+    def __init__(self, iterable: Iterable[Batch], max_batches: int) -> None:
+        self.iterable, self.max_batches = iterable, max_batches
+
+    def __len__(self) -> int:
+        if hasattr(self.iterable, "__len__"):
+            return min(len(self.iterable), self.max_batches)  # type: ignore[arg-type]
+        return self.max_batches
+
+    def __iter__(self) -> Iterator[Batch]:
+        return itertools.islice(iter(self.iterable), self.max_batches)
 
 
-def _many_passes(batches: BatchSource, who: str) -> Callable[[], Iterable[Batch]]:
-    """A function giving a fresh pass over the data; refuse one-shot iterators."""
-    if callable(batches):
-        return batches
-    if isinstance(batches, Iterator):
+def _check_max_batches(max_batches: Any, who: str) -> None:
+    if max_batches is not None and (
+        isinstance(max_batches, bool) or not (isinstance(max_batches, (int, np.integer)) and max_batches >= 1)
+    ):
+        raise GeometryError(f"{who}: max_batches must be None or a positive int, got {max_batches!r}.")
+
+
+def _one_pass(batches: BatchSource, who: str, max_batches: int | None = None) -> Iterable[Batch]:
+    """One finite pass over the data: a sized iterable, or at most ``max_batches`` batches of any iterable.
+
+    An iterable without ``__len__`` (a generator, an iterator, a streaming loader) might never end,
+    so it needs ``max_batches``; checked before the first batch is drawn.
+    """
+    _check_max_batches(max_batches, who)
+    data = batches() if callable(batches) else batches
+    if max_batches is not None:
+        return _FinitePass(data, int(max_batches))
+    if not hasattr(data, "__len__"):
+        made = " returned by the batches function" if callable(batches) else ""
+        raise GeometryError(
+            f"{who}: the batches{made} have no length ({type(data).__name__}), so a pass over them might never "
+            "end. Pass a finite sized sequence (a list, or mg.batches_of(data, batch_size)), or max_batches=N "
+            "to stop after N batches."
+        )
+    return data
+
+
+def _many_passes(batches: BatchSource, who: str, max_batches: int | None = None) -> Callable[[], Iterable[Batch]]:
+    """A function giving a fresh finite pass over the data; refuse one-shot iterators."""
+    _check_max_batches(max_batches, who)
+    if not callable(batches) and isinstance(batches, Iterator):
         raise GeometryError(
             f"{who} passes over the data several times, but got a one-shot iterator (a generator?). "
             "Pass a list, mg.batches_of(data, batch_size), or a zero-argument function that returns a "
             "fresh iterator (e.g. lambda: loader)."
         )
-    return lambda: batches
+    if not callable(batches):
+        _one_pass(batches, who, max_batches)  # eagerly: a sized sequence or max_batches
+    return lambda: _one_pass(batches, who, max_batches)
 
 
-def _num_examples(batch: Batch, who: str) -> int:
-    leaves = jax.tree_util.tree_leaves(batch)
-    if not leaves or jnp.ndim(leaves[0]) < 1:
-        raise GeometryError(f"{who}: a batch must be a pytree of arrays with a leading example axis.")
-    n = int(jnp.shape(leaves[0])[0])
+def _num_examples(batch: Batch, who: str, examples: Callable[[Batch], Any] | None = None) -> int:
+    """The number of examples of a batch: ``examples(batch)``, or the leading axis that every leaf shares.
+
+    Without an ``examples`` rule every leaf must have a leading axis and all must agree on its
+    length (else :class:`GeometryError` naming the leaves and their sizes): a leaf that is not
+    per-example (a shared mask, a temperature) would otherwise silently set the weight of the batch.
+    """
+    if examples is not None:
+        n = examples(batch)
+        try:
+            ok = not isinstance(n, (bool, np.bool_)) and np.ndim(n) == 0 and float(n) == int(n) and int(n) >= 1
+        except (TypeError, ValueError, jax.errors.ConcretizationTypeError):
+            ok = False
+        if not ok:
+            raise GeometryError(
+                f"{who}: examples(batch) must return the number of examples of the batch, an int >= 1; got {n!r}."
+            )
+        return int(n)
+    pairs = jax.tree_util.tree_leaves_with_path(batch)
+    if not pairs:
+        raise GeometryError(f"{who}: a batch must be a pytree of arrays with a leading example axis; got no arrays.")
+    sizes = {}
+    for path, leaf in pairs:
+        name = jax.tree_util.keystr(path) or "(root)"
+        if jnp.ndim(leaf) < 1:
+            raise GeometryError(
+                f"{who}: the batch leaf {name} is a scalar (shape ()), so it has no leading example axis. Every "
+                "leaf of a batch must have one, or pass examples=lambda batch: <number of examples> to the "
+                "operator's constructor (e.g. examples=lambda b: b['x'].shape[0])."
+            )
+        sizes[name] = int(jnp.shape(leaf)[0])
+    if len(set(sizes.values())) != 1:
+        listing = ", ".join(f"{k}: {v}" for k, v in sizes.items())
+        raise GeometryError(
+            f"{who}: the leaves of a batch disagree on their leading (example) axis ({listing}), so the number of "
+            "examples of the batch is ambiguous. Give every leaf the example axis first, or pass "
+            "examples=lambda batch: <number of examples> to the operator's constructor (e.g. "
+            "examples=lambda b: b['x'].shape[0])."
+        )
+    n = next(iter(sizes.values()))
     if n == 0:
         raise GeometryError(f"{who}: a batch is empty; every batch needs at least one example.")
     return n
@@ -218,7 +316,9 @@ class CurvatureOperator:
     .. math:: M v = \frac{\sum_b n_b\, M_b v}{\sum_b n_b},
 
     :math:`M_b` the matrix of batch :math:`b` (its loss a mean over its :math:`n_b`
-    examples).  Build it with :func:`~minigeo.hessian_operator`, :func:`~minigeo.ggn_operator`,
+    examples).  Nothing is traced once and kept: each method call traces the loss afresh (once
+    per batch shape within the call) and reuses compiled code only for an identical trace, so a
+    changed global or attribute is seen at the next call and one call never mixes two states.  Build it with :func:`~minigeo.hessian_operator`, :func:`~minigeo.ggn_operator`,
     :func:`~minigeo.fisher_operator` or :func:`~minigeo.empirical_fisher_operator`.
 
     Parameters
@@ -229,19 +329,39 @@ class CurvatureOperator:
         The point :math:`\theta` (a pytree of floating arrays).
     name : str
         Shown in messages and progress bars.
+    examples : callable, optional
+        ``examples(batch) -> int``, the number of examples :math:`n_b` of a batch (its weight in the
+        dataset mean).  By default :math:`n_b` is the length of the leading axis, which **every leaf**
+        of the batch must then have and agree on; pass ``examples`` when a batch holds leaves that are
+        not per-example (a shared mask, a temperature, a vocabulary table), e.g.
+        ``examples=lambda b: b["x"].shape[0]``.
 
     Raises
     ------
     GeometryError
-        If ``batch_mv`` is not callable, or ``params`` is empty, integer or not finite.
+        If ``batch_mv`` or ``examples`` is not callable, or ``params`` is empty, integer, complex or not
+        finite.
 
     Notes
     -----
+    **Batches.**  A batch is any pytree the per-batch product accepts.  Its number of examples
+    :math:`n_b` comes from one explicit rule: ``examples(batch)`` if given, else the common
+    length of the leading axes of all its leaves; leaves that disagree raise
+    :class:`GeometryError` naming each leaf and its size (the count is never read off one leaf).
+    **Passes.**  Every pass over the data (:meth:`dataset_mv`, :meth:`trace_estimate`,
+    :meth:`top_eigenvalues`, :meth:`logdet_slq`) takes a finite sized sequence (a list,
+    :func:`~minigeo.batches_of`, or a function returning one), or any iterable with
+    ``max_batches=N`` (at most ``N`` batches per pass); an iterable without a length and without
+    ``max_batches`` (a generator, a streaming loader) raises before the first batch, since the pass
+    might never end.  ``progress=True`` shows a bar with the pass's length.
+
     Every method reads the loss afresh: a call traces the per-batch product (once per batch shape
     during a pass over a dataset, so one call never mixes old and new state) and runs the
     program compiled for that trace, with the parameters and the batch as arguments.  Neither a
     new batch, nor :meth:`at` new parameters, nor a new operator for the same loss recompiles;
-    a change to what the loss reads (a global, an attribute) is seen at the next call.  The invariant endomorphism :math:`G^{-1}M` enters through the
+    a change to what the loss reads (a global, an attribute) is seen at the next call.
+
+    The invariant endomorphism :math:`G^{-1}M` enters through the
     ``metric`` argument of :meth:`trace_estimate` and :meth:`top_eigenvalues` (``None``, a
     positive diagonal pytree, or a :class:`~minigeo.Metric`, e.g. another operator's
     :meth:`as_metric` on a fixed batch).
@@ -261,9 +381,21 @@ class CurvatureOperator:
     Grosse (2022), CSC2541 lecture 3. Taught in chapter 4, *Invariant Hessians*.
     """
 
-    def __init__(self, batch_mv: Callable[[PyTree, PyTree, Batch], PyTree], params: PyTree, name: str) -> None:
+    def __init__(
+        self,
+        batch_mv: Callable[[PyTree, PyTree, Batch], PyTree],
+        params: PyTree,
+        name: str,
+        *,
+        examples: Callable[[Batch], int] | None = None,
+    ) -> None:
         if not callable(batch_mv):
             raise GeometryError(f"CurvatureOperator needs a callable batch_mv; got {type(batch_mv).__name__}.")
+        if examples is not None and not callable(examples):
+            raise GeometryError(
+                f"CurvatureOperator: examples must be None or a function batch -> number of examples; got {examples!r}."
+            )
+        self.examples = examples
         params = as_float_point(params, "params")
         check_finite(params, "params")
         self.params, self.name, self.batch_mv = params, name, batch_mv
@@ -350,11 +482,13 @@ class CurvatureOperator:
         *Invariant Hessians*.
         """
         check_same_structure(self.params, v, "v", "params")
-        _num_examples(batch, self.name)
+        _num_examples(batch, self.name, self.examples)
         return self._mv(self.params, v, batch)
 
     @_one_trace_per_call
-    def dataset_mv(self, v: PyTree, batches: BatchSource, *, progress: Any = False) -> PyTree:
+    def dataset_mv(
+        self, v: PyTree, batches: BatchSource, *, progress: Any = False, max_batches: int | None = None
+    ) -> PyTree:
         r"""The product with the dataset matrix, over one pass of ``batches``.
 
         .. math:: Mv = \frac{\sum_b n_b M_b v}{\sum_b n_b}.
@@ -363,10 +497,13 @@ class CurvatureOperator:
         ----------
         v : pytree
             A tangent vector, structured like ``params``.
-        batches : iterable or callable
-            An iterable of batches, or a function returning one.
+        batches : sequence or callable
+            A finite sized sequence of batches (a list, :func:`~minigeo.batches_of`), or a function
+            returning one; any other iterable needs ``max_batches``.
         progress : bool or tqdm-like class, optional
             Show a progress bar.
+        max_batches : int, optional
+            Use at most this many batches (required for an iterable without a length).
 
         Returns
         -------
@@ -376,8 +513,9 @@ class CurvatureOperator:
         Raises
         ------
         GeometryError
-            If ``v`` differs in structure, there are no batches, a batch is empty, or the product is
-            not finite.
+            If ``v`` differs in structure or dtype, ``batches`` has no length and no ``max_batches`` is
+            given, there are no batches, a batch is empty or its leaves disagree on the number of
+            examples (see the class notes), or the product is not finite.
 
         Examples
         --------
@@ -395,8 +533,8 @@ class CurvatureOperator:
         """
         check_same_structure(self.params, v, "v", "params")
         total, n = None, 0
-        for batch in _progress(_one_pass(batches), progress, f"{self.name} product"):
-            nb = _num_examples(batch, self.name)
+        for batch in _progress(_one_pass(batches, self.name, max_batches), progress, f"{self.name} product"):
+            nb = _num_examples(batch, self.name, self.examples)
             out = jax.tree_util.tree_map(lambda x: nb * x, self._mv(self.params, v, batch))
             total = out if total is None else jax.tree_util.tree_map(jnp.add, total, out)
             n += nb
@@ -441,7 +579,7 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), Sec. 3.4 (curvature matrices as metrics). Taught in chapter 4,
         *Invariant Hessians*.
         """
-        _num_examples(batch, self.name)
+        _num_examples(batch, self.name, self.examples)
         return Metric(lambda params, v: self._mv(params, v, batch), f"{self.name} (one batch)")
 
     # -- estimators ------------------------------------------------------------
@@ -457,6 +595,7 @@ class CurvatureOperator:
         tol: float = 1e-6,
         maxiter: int | None = None,
         progress: Any = False,
+        max_batches: int | None = None,
     ) -> tuple[jax.Array, jax.Array]:
         r"""Hutchinson estimate of :math:`\mathrm{tr}(G^{-1}M)` over the dataset, in **one** pass.
 
@@ -471,8 +610,8 @@ class CurvatureOperator:
         ----------
         key : jax.Array
             PRNG key for the probes.
-        batches : iterable or callable
-            An iterable of batches, or a function returning one.
+        batches : sequence or callable
+            A finite sized sequence of batches, or a function returning one (see :meth:`dataset_mv`).
         metric : pytree or :class:`~minigeo.Metric`, optional
             ``None`` (Euclidean), a positive diagonal pytree, or a :class:`~minigeo.Metric`.
         num_probes : int, optional
@@ -484,6 +623,8 @@ class CurvatureOperator:
             matrix-free ``metric``.
         progress : bool or tqdm-like class, optional
             Show a progress bar.
+        max_batches : int, optional
+            Use at most this many batches (required for an iterable without a length).
 
         Returns
         -------
@@ -495,7 +636,8 @@ class CurvatureOperator:
         ------
         GeometryError
             If ``num_probes`` is not a positive int, ``batched`` is unknown, ``tol`` or ``maxiter`` is
-            invalid, there are no batches, or the products are not finite.
+            invalid, ``key`` is not a PRNG key, ``batches`` has no length and no ``max_batches`` is
+            given, there are no batches, or the products are not finite.
 
         Examples
         --------
@@ -517,13 +659,14 @@ class CurvatureOperator:
             raise GeometryError(f"trace_estimate: num_probes must be a positive int, got {num_probes!r}.")
         if batched not in ("vmap", "map"):
             raise GeometryError(f"trace_estimate: batched must be 'vmap' or 'map', got {batched!r}.")
+        data = _one_pass(batches, self.name, max_batches)  # before the probes' solves: a finite pass
         probes = rademacher_like(key, self.params, num_probes)
         _metric_inverse(metric, self.params, tol, maxiter)  # validates a diagonal metric eagerly
         apply_inverse = _metric_inverse(metric, self.params, tol, maxiter, strict=True)  # NaN where CG failed
         duals = jax.lax.map(apply_inverse, probes) if metric is not None else probes
         values, n = None, 0
-        for batch in _progress(_one_pass(batches), progress, f"{self.name} trace"):
-            nb = _num_examples(batch, self.name)
+        for batch in _progress(data, progress, f"{self.name} trace"):
+            nb = _num_examples(batch, self.name, self.examples)
             vb = nb * self._terms(self.params, probes, duals, batch, batched=batched)
             values = vb if values is None else values + vb
             n += nb
@@ -547,6 +690,7 @@ class CurvatureOperator:
         tol: float = 1e-8,
         maxiter: int | None = None,
         progress: Any = False,
+        max_batches: int | None = None,
     ) -> jax.Array:
         r"""The ``k`` largest eigenvalues of :math:`G^{-1}M` over the dataset, by Lanczos.
 
@@ -577,6 +721,8 @@ class CurvatureOperator:
             Conjugate-gradient tolerance and iteration limit for a matrix-free ``metric``.
         progress : bool or tqdm-like class, optional
             Show a progress bar.
+        max_batches : int, optional
+            Use at most this many batches per pass (required for batches without a length).
 
         Returns
         -------
@@ -586,7 +732,7 @@ class CurvatureOperator:
         Raises
         ------
         GeometryError
-            If ``batches`` is a one-shot iterator, a value cannot be certified to ``rtol``, or the
+            If ``batches`` is a one-shot iterator or has no length (and no ``max_batches``), a value cannot be certified to ``rtol``, or the
             products are not finite.
 
         Examples
@@ -604,7 +750,7 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A.3 (eigenvalues of :math:`E = G^{-1}H`
         are invariant). Taught in chapter 4, *Invariant Hessians*.
         """
-        fresh = _many_passes(batches, "top_eigenvalues")
+        fresh = _many_passes(batches, "top_eigenvalues", max_batches)
         d = tree_size(self.params)
         flat0, unravel = ravel(self.params)
         apply_inverse = _metric_inverse(metric, self.params, tol, maxiter)
@@ -627,6 +773,7 @@ class CurvatureOperator:
         num_probes: int = 20,
         num_iterations: int = 30,
         progress: Any = False,
+        max_batches: int | None = None,
     ) -> tuple[jax.Array, jax.Array]:
         r"""Stochastic Lanczos quadrature of :math:`\log\det(M + \lambda I)` over the dataset.
 
@@ -650,6 +797,8 @@ class CurvatureOperator:
             Lanczos steps per probe (capped at ``d``).
         progress : bool or tqdm-like class, optional
             Show a progress bar.
+        max_batches : int, optional
+            Use at most this many batches per pass (required for batches without a length).
 
         Returns
         -------
@@ -660,7 +809,8 @@ class CurvatureOperator:
         ------
         GeometryError
             If ``num_probes`` or ``num_iterations`` is not a positive int, ``damping`` is invalid,
-            ``batches`` is a one-shot iterator, or the operator is singular or indefinite.
+            ``batches`` is a one-shot iterator or has no length (and no ``max_batches``), or the operator
+            is singular or indefinite.
 
         Examples
         --------
@@ -683,7 +833,7 @@ class CurvatureOperator:
         if not (isinstance(num_iterations, int) and num_iterations >= 1):
             raise GeometryError(f"logdet_slq: num_iterations must be a positive int, got {num_iterations!r}.")
         check_damping(damping, "logdet_slq: damping")
-        fresh = _many_passes(batches, "logdet_slq")
+        fresh = _many_passes(batches, "logdet_slq", max_batches)
         d = tree_size(self.params)
         flat0, unravel = ravel(self.params)
         m = min(num_iterations, d)
@@ -732,7 +882,9 @@ def _split(batch: Batch, who: str) -> tuple[Any, Any]:
     return batch[0], batch[1]
 
 
-def hessian_operator(loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTree) -> CurvatureOperator:
+def hessian_operator(
+    loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTree, *, examples: Callable[[Batch], int] | None = None
+) -> CurvatureOperator:
     r"""The Hessian of a loss over a dataset, applied batch by batch.
 
     .. math:: H = \nabla^2_\theta \frac1N\sum_n \ell_n(\theta).
@@ -743,6 +895,9 @@ def hessian_operator(loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTr
         ``loss_fn(params, batch)``, the **mean** loss over the batch (any pytree batch).
     params : pytree
         The point.
+    examples : callable, optional
+        ``examples(batch) -> int``, the number of examples of a batch (see
+        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
@@ -768,13 +923,17 @@ def hessian_operator(loss_fn: Callable[[PyTree, Batch], jax.Array], params: PyTr
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (5) (the Hessian as a bilinear form). Taught in
     chapter 4, *Invariant Hessians*.
     """
-    return CurvatureOperator(lambda p, v, batch: hvp(lambda q: loss_fn(q, batch), p, v), params, "Hessian")
+    return CurvatureOperator(
+        lambda p, v, batch: hvp(lambda q: loss_fn(q, batch), p, v), params, "Hessian", examples=examples
+    )
 
 
 def ggn_operator(
     model_fn: Callable[[PyTree, Any], jax.Array],
     loss_fn: Callable[[jax.Array, Any], jax.Array],
     params: PyTree,
+    *,
+    examples: Callable[[Batch], int] | None = None,
 ) -> CurvatureOperator:
     r"""The generalized Gauss-Newton matrix of a model and loss over a dataset.
 
@@ -788,6 +947,9 @@ def ggn_operator(
         ``loss_fn(z, targets)``, the **mean** loss over the batch.
     params : pytree
         The point.
+    examples : callable, optional
+        ``examples(batch) -> int``, the number of examples of a batch (see
+        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
@@ -818,13 +980,15 @@ def ggn_operator(
         x, t = _split(batch, "ggn_operator")
         return ggn(lambda q: model_fn(q, x), lambda z: loss_fn(z, t)).mv(p, v)
 
-    return CurvatureOperator(mv, params, "GGN")
+    return CurvatureOperator(mv, params, "GGN", examples=examples)
 
 
 def fisher_operator(
     model_fn: Callable[[PyTree, Any], jax.Array],
     params: PyTree,
     likelihood: Union[str, Likelihood] = "categorical",
+    *,
+    examples: Callable[[Batch], int] | None = None,
 ) -> CurvatureOperator:
     r"""The Fisher information of a model's predictive distribution over a dataset.
 
@@ -841,6 +1005,9 @@ def fisher_operator(
         The point.
     likelihood : {"categorical", "gaussian"} or :class:`~minigeo.Likelihood`, optional
         The predictive distribution.
+    examples : callable, optional
+        ``examples(batch) -> int``, the number of examples of a batch (see
+        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
@@ -871,13 +1038,15 @@ def fisher_operator(
         x, _ = _split(batch, "fisher_operator")
         return fisher(lambda q: model_fn(q, x), likelihood).mv(p, v)
 
-    return CurvatureOperator(mv, params, "Fisher")
+    return CurvatureOperator(mv, params, "Fisher", examples=examples)
 
 
 def empirical_fisher_operator(
     model_fn: Callable[[PyTree, Any], jax.Array],
     per_example_loss_fn: Callable[[jax.Array, Any], jax.Array],
     params: PyTree,
+    *,
+    examples: Callable[[Batch], int] | None = None,
 ) -> CurvatureOperator:
     r"""The empirical Fisher of a model and per-example loss over a dataset.
 
@@ -891,6 +1060,9 @@ def empirical_fisher_operator(
         ``per_example_loss_fn(z, targets) -> (n,)``, the unreduced losses.
     params : pytree
         The point.
+    examples : callable, optional
+        ``examples(batch) -> int``, the number of examples of a batch (see
+        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
@@ -921,4 +1093,4 @@ def empirical_fisher_operator(
         x, t = _split(batch, "empirical_fisher_operator")
         return empirical_fisher(lambda q: model_fn(q, x), lambda z: per_example_loss_fn(z, t)).mv(p, v)
 
-    return CurvatureOperator(mv, params, "empirical Fisher")
+    return CurvatureOperator(mv, params, "empirical Fisher", examples=examples)

@@ -241,6 +241,24 @@ def _factor_pair(G: jax.Array, H: jax.Array, eps=0.0) -> _PairFrame:
     return _pair_frame(G, H, jnp.asarray(eps, G.dtype), relaxed)
 
 
+def _eps_that_works(G: np.ndarray, H: np.ndarray, target_cond: float) -> float:
+    r"""The smallest relaxation :math:`\epsilon` (rounded up, with a factor 2 of margin in the condition number)
+    for which both sides' relaxed condition numbers :math:`\sqrt{(s_{\max}^2 + \epsilon)/(s_{\min}^2 + \epsilon)}`
+    are at most ``target_cond``, for every head of the pair (singular values in float64)."""
+    c2 = (0.5 * target_cond) ** 2
+    need = 0.0
+    for M in (G, H):
+        M = np.asarray(M, np.float64).reshape((-1,) + np.shape(M)[-2:])
+        for m in M:
+            sv = np.linalg.svd(m, compute_uv=False)
+            # never below s_max^2 / c2: positive even where float64 finds the side well conditioned
+            need = max(need, (sv[0] ** 2 / c2 - sv[-1] ** 2) / (1.0 - 1.0 / c2), sv[0] ** 2 / c2)
+    if not need > 0:
+        return float(np.finfo(np.float64).tiny)
+    mant, expo = f"{need:.0e}".split("e")
+    return (int(mant) + 1) * 10.0 ** int(expo)  # one digit, rounded up
+
+
 def _raise_if_singular(f: _PairFrame, who: str) -> None:
     """Eagerly: raise if a pair is numerically rank deficient at its dtype (da Silva et al. 2025, Assumption 5.1)."""
     if not is_concrete(f.ok):
@@ -251,11 +269,14 @@ def _raise_if_singular(f: _PairFrame, who: str) -> None:
     bad = tuple(int(i) for i in np.argwhere(~ok)[0]) if ok.ndim else ()
     cond = float(np.max(np.asarray(f.cond)[~ok])) if ok.ndim else float(f.cond)
     n, m, h = f.G.shape[-2], f.H.shape[-2], f.G.shape[-1]
+    cut = 1 / _singular_value_cutoff(max(n, m), h, f.G.dtype)
+    eps_ok = _eps_that_works(np.asarray(f.G), np.asarray(f.H), cut)
     raise GeometryError(
         f"{who}: the pair (G, H) is numerically rank deficient at {f.G.dtype} (batch index {bad}; "
-        f"condition number of a side {cond:.3g}, cut-off {1 / _singular_value_cutoff(max(n, m), h, f.G.dtype):.3g}): "
+        f"condition number of a side {cond:.3g}, cut-off {cut:.3g}): "
         "metric (15) needs full column rank h (da Silva et al. 2025, Assumption 5.1). Use the relaxation eps > 0 "
-        "(e.g. eps=1e-6, App. G.2), float64, or a better-conditioned point."
+        f"(eps={eps_ok:.1g} is enough for this pair: relaxed condition numbers at most half the cut-off; App. G.2), "
+        "float64, or a better-conditioned point."
     )
 
 

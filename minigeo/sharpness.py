@@ -35,10 +35,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import GeometryError, check_finite, is_concrete
+from ._checks import GeometryError, as_float_point, check_finite, check_key, is_concrete
 from ._compile import jit_per_callable
 from ._tree import PyTree
-from .quotient import _factor_pair, _mT, _PairFrame, _raise_if_singular, _whitened_projection
+from .quotient import _eps_that_works, _factor_pair, _mT, _PairFrame, _whitened_projection
 
 __all__ = [
     "SymmetrySpec",
@@ -291,8 +291,12 @@ def symmetry_spec(
     return SymmetrySpec(tuple(pairs), len(leaves), float(eps), tuple(gl1), fixed, tuple(names))
 
 
-#: :attr:`SharpnessResult.status` codes: success, a numerically singular GL(h) pair, a non-finite value.
-STATUS_OK, STATUS_SINGULAR_PAIR, STATUS_NON_FINITE = 0, 1, 2
+#: :attr:`SharpnessResult.status` codes: success, a GL(h) pair too ill conditioned for the requested accuracy
+#: (or rank deficient), a non-finite value, a traced ``rho`` outside ``(0, 1/eps]`` of the loss's dtype.
+STATUS_OK, STATUS_SINGULAR_PAIR, STATUS_NON_FINITE, STATUS_BAD_RHO = 0, 1, 2, 3
+
+#: Default accuracy (relative) that :func:`geodesic_sharpness` requires of its factorization of metric (15).
+DEFAULT_RTOL = 1e-2
 
 #: Default maximum number of antipodal Auto-PGD restarts after the first run (``n_restarts`` of
 #: :func:`adaptive_sharpness` and :func:`geodesic_sharpness`); the restarts stop early once two runs
@@ -316,11 +320,20 @@ class SharpnessResult(NamedTuple):
         The maximizing perturbation of each batch, stacked along a leading axis, when the call asked
         for it (``return_perturbation=True``; at ViT-B/32 that is 88 M numbers per batch), else ``None``.
     status : jax.Array
-        int32 scalar: ``0`` (``STATUS_OK``), ``1`` (``STATUS_SINGULAR_PAIR``, a GL(h) pair is numerically
-        rank deficient at its dtype, so metric (15) is undefined there) or ``2`` (``STATUS_NON_FINITE``,
-        the loss or its gradient was NaN/inf at the base point or during the search).  Called eagerly,
+        int32 scalar: ``0`` (``STATUS_OK``), ``1`` (``STATUS_SINGULAR_PAIR``: a GL(h) pair is so ill
+        conditioned at its dtype that ``error_bound`` exceeds the call's ``rtol``, rank-deficient pairs
+        included), ``2`` (``STATUS_NON_FINITE``, the loss or its gradient was NaN/inf at the base point or
+        during the search) or ``3`` (``STATUS_BAD_RHO``, a traced ``rho`` above ``1/eps`` of the loss's
+        dtype, see :func:`adaptive_sharpness`).  Called eagerly,
         :func:`adaptive_sharpness` and :func:`geodesic_sharpness` raise :class:`GeometryError` instead;
         under ``jax.jit`` they cannot raise, so check ``result.status`` (or ``result.ok``) yourself.
+    error_bound : jax.Array
+        Scalar: a first-order bound on the relative error of ``sharpness`` caused by the dtype in the
+        factorization of metric (15), :math:`\max_{\text{pairs, heads}} \mathrm{cond}(\text{side})\,
+        \varepsilon_{\text{dtype}}` (the thin SVD of a side loses :math:`\mathrm{cond}\,\varepsilon` and the
+        condition number enters the result once); :math:`\varepsilon_{\text{dtype}}` when there is no
+        GL(h) pair (adaptive sharpness).  It does not include the optimization gap of Auto-PGD.
+        :func:`geodesic_sharpness` accepts a point when ``error_bound <= rtol``.
 
     Examples
     --------
@@ -347,6 +360,7 @@ class SharpnessResult(NamedTuple):
     per_batch: jax.Array
     perturbation: PyTree = None
     status: jax.Array = STATUS_OK
+    error_bound: jax.Array = 0.0
 
     @property
     def ok(self) -> jax.Array:
@@ -735,8 +749,19 @@ def _checkpoints(n_iter: int) -> list[int]:
     return sorted({math.ceil(q * n_iter) for q in p if 0 < q <= 1.0})
 
 
-def _check_rho(rho: Any) -> None:
-    """rho may be a Python or NumPy scalar, a 0-d array or a traced value (then unchecked)."""
+def _rho_limit(dtype) -> float:
+    """The largest radius accepted: ``1/eps(dtype)`` of the loss's dtype (8.4e6 in float32, 4.5e15 in float64).
+
+    Beyond it the perturbation of a weight exceeds the weight by more than ``1/eps``, so ``w + delta``
+    rounds to ``delta`` (the base point no longer enters), and squared norms of the search overflow long
+    before radii like 1e200 (which used to return a meaningless ~0 with status 0).
+    """
+    return 1.0 / float(jnp.finfo(dtype).eps)
+
+
+def _check_rho(rho: Any, dtype=None) -> None:
+    """rho may be a Python or NumPy scalar, a 0-d array or a traced value (then unchecked; see ``STATUS_BAD_RHO``);
+    with ``dtype`` (the loss's), a concrete rho must also be at most :func:`_rho_limit`."""
     if isinstance(rho, bool) or not (
         isinstance(rho, (int, float, np.integer, np.floating)) or (hasattr(rho, "shape") and jnp.shape(rho) == ())
     ):
@@ -748,6 +773,12 @@ def _check_rho(rho: Any) -> None:
                 f"the sharpness radius rho must be > 0 and finite, got {r!r} (rho = inf would make every "
                 "loss increase possible; rho <= 0 is an empty ball)."
             )
+        if dtype is not None and r > _rho_limit(dtype):
+            raise GeometryError(
+                f"the sharpness radius rho = {r:.3g} is absurdly large for {jnp.dtype(dtype).name}: it must be at most "
+                f"1/eps = {_rho_limit(dtype):.3g} (perturbations of more than 1/eps times a weight erase the weight "
+                "in rounding, and the search's squared norms overflow). Typical radii are 1e-3 to 4."
+            )
 
 
 def _check_restarts(n_restarts: Any) -> None:
@@ -755,21 +786,103 @@ def _check_restarts(n_restarts: Any) -> None:
         raise GeometryError(f"n_restarts must be an int >= 0, got {n_restarts!r}.")
 
 
-def _check_common(rho: Any, batches: PyTree, n_iter: int) -> int:
-    _check_rho(rho)
-    if isinstance(n_iter, bool) or not (isinstance(n_iter, (int, np.integer)) and n_iter >= 1):
-        raise GeometryError(f"n_iter must be a positive int, got {n_iter!r}.")
-    leaves = jax.tree_util.tree_leaves(batches)
-    if not leaves:
+def _check_stacked(batches: PyTree, who: str) -> int:
+    """The number of batches of a **stacked** ``batches``: every leaf of shape ``(num_batches, batch_size, ...)``.
+
+    A stack has a leading batch-index axis, shared by all leaves, and each batch keeps its own
+    leading example axis, so every leaf has at least two axes.  A single unstacked batch
+    ``(inputs (n, ...), labels (n,))`` has a 1-D leaf and is refused: read as a stack it would be
+    ``n`` batches of one example each, with no example axis, which many losses silently accept.
+    """
+    pairs = jax.tree_util.tree_leaves_with_path(batches)
+    if not pairs:
         raise GeometryError(
-            "batches is empty: pass a pytree of arrays stacked along a leading batch-index axis."
+            f"{who}: batches is empty: pass a pytree of arrays stacked along a leading batch-index axis."
         )
-    sizes = {jnp.shape(x)[0] if jnp.ndim(x) else None for x in leaves}
-    if len(sizes) != 1 or None in sizes or 0 in sizes:
+    how = (
+        "Sharpness takes a stack of batches, every leaf of shape (num_batches, batch_size, ...): stack one batch "
+        "with jax.tree_util.tree_map(lambda x: x[None], batch), a dataset with "
+        "mg.batches_of(data, batch_size, drop_remainder=True).stacked(); give a per-batch scalar the shape "
+        "(num_batches, 1)."
+    )
+    for path, x in pairs:
+        if jnp.ndim(x) < 2:
+            name = jax.tree_util.keystr(path) or "(root)"
+            raise GeometryError(
+                f"{who}: batches is not stacked: its leaf {name} has shape {tuple(jnp.shape(x))}, so a batch would "
+                f"have no example axis (an unstacked batch of n examples would be read as n batches of one). {how}"
+            )
+    sizes = {int(jnp.shape(x)[0]) for _, x in pairs}
+    if len(sizes) != 1 or 0 in sizes:
+        listing = ", ".join(f"{jax.tree_util.keystr(p) or '(root)'}: {jnp.shape(x)[0]}" for p, x in pairs)
         raise GeometryError(
-            f"batches must be stacked along a common leading axis of length >= 1 (one entry per batch); got leading sizes {sizes}."
+            f"{who}: batches must be stacked along a common leading axis of length >= 1 (one entry per batch); "
+            f"got leading sizes {listing}."
         )
     return sizes.pop()
+
+
+def _struct(x: Any, drop: int = 0) -> jax.ShapeDtypeStruct:
+    return jax.ShapeDtypeStruct(tuple(jnp.shape(x))[drop:], jnp.result_type(x))
+
+
+def _loss_dtype(loss_fn: Callable, params: PyTree, batches: PyTree, who: str):
+    """Trace ``loss_fn`` on one batch (shapes only, nothing is computed) and return its dtype.
+
+    A batch whose trailing shape does not fit the loss or the parameters fails here with a
+    :class:`GeometryError` (naming the shapes) instead of a raw error from inside the compiled search.
+    """
+    p_struct = jax.tree_util.tree_map(_struct, params)
+    b_struct = jax.tree_util.tree_map(lambda x: _struct(x, 1), batches)
+    try:
+        out = jax.eval_shape(loss_fn, p_struct, b_struct)
+    except Exception as err:  # noqa: BLE001 - any failure of the user's loss on these shapes
+        shapes = jax.tree_util.tree_map(lambda x: tuple(x.shape), b_struct)
+        raise GeometryError(
+            f"{who}: loss_fn(params, batch) fails on one batch of `batches` (leaf shapes {shapes} after removing "
+            f"the leading batch-index axis): {type(err).__name__}: {str(err).splitlines()[0] if str(err) else ''} "
+            "Check that batches is stacked as (num_batches, batch_size, ...) and that its trailing shapes are "
+            "the ones loss_fn and params expect."
+        ) from err
+    if not (isinstance(out, jax.ShapeDtypeStruct) and out.shape == () and jnp.issubdtype(out.dtype, jnp.floating)):
+        got = jax.tree_util.tree_map(lambda x: (tuple(x.shape), str(x.dtype)), out)
+        raise GeometryError(
+            f"{who}: loss_fn(params, batch) must return a real floating scalar; got (shape, dtype) {got}. "
+            "Reduce the loss over the batch (e.g. jnp.mean)."
+        )
+    return out.dtype
+
+
+def _check_low_precision(params: PyTree, dtype, who: str) -> None:
+    """Refuse float16/bfloat16: a radius below their resolution rounds every perturbation away (sharpness 0)."""
+    small = {jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)}
+    dtypes = {jnp.dtype(jnp.result_type(x)) for x in jax.tree_util.tree_leaves(params)} | {jnp.dtype(dtype)}
+    low = sorted(d.name for d in dtypes & small)
+    if low:
+        raise GeometryError(
+            f"{who}: params or the loss are in {', '.join(low)}, which sharpness does not support: their 8 to 11 "
+            "bit mantissas round small perturbations away (a sharpness of exactly 0) and the metric's "
+            "factorization has no accuracy left. Cast params and the floating batches to float32, e.g. "
+            "jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), params)."
+        )
+
+
+def _check_common(loss_fn: Callable, params: PyTree, rho: Any, batches: PyTree, n_iter: int, key: Any, who: str):
+    """Validate the shared arguments (before anything is compiled); return the number of batches and the loss dtype."""
+    as_float_point(params, f"{who}: params")  # floating, real, non-empty
+    check_key(key, f"{who}: key")
+    if isinstance(n_iter, bool) or not (isinstance(n_iter, (int, np.integer)) and n_iter >= 1):
+        raise GeometryError(f"n_iter must be a positive int, got {n_iter!r}.")
+    _check_rho(rho)
+    n = _check_stacked(batches, who)
+    dtype = _loss_dtype(loss_fn, params, batches, who)
+    _check_low_precision(params, dtype, who)
+    _check_rho(rho, dtype)
+    return n, dtype
+
+
+def _rho_ok(rho: Any, dtype) -> jax.Array:
+    return jnp.asarray(rho <= _rho_limit(dtype))
 
 
 # ---------------------------------------------------------------------------
@@ -990,16 +1103,47 @@ _search_batches = jit_per_callable(
 )
 
 
-def _status(pairs_ok: jax.Array, finite: jax.Array) -> jax.Array:
+def _status(pairs_ok: jax.Array, finite: jax.Array, rho_ok: jax.Array = True) -> jax.Array:
     return jnp.where(
-        ~pairs_ok, STATUS_SINGULAR_PAIR, jnp.where(jnp.all(finite), STATUS_OK, STATUS_NON_FINITE)
+        ~jnp.asarray(rho_ok),
+        STATUS_BAD_RHO,
+        jnp.where(~pairs_ok, STATUS_SINGULAR_PAIR, jnp.where(jnp.all(finite), STATUS_OK, STATUS_NON_FINITE)),
     ).astype(jnp.int32)
 
 
-def _raise_if_pair_singular(who: str, geometry, fac) -> None:
-    for j, f in enumerate(fac):
+def _pair_bounds(fac: list, dtype) -> list:
+    """Per pair, the error bound ``cond(side) eps(dtype)`` of every head (inf where not finite)."""
+    eps = float(jnp.finfo(dtype).eps)
+    return [jnp.where(jnp.isfinite(f.cond), f.cond * eps, jnp.inf) for f in fac]
+
+
+def _error_bound(fac: list, dtype) -> jax.Array:
+    """:attr:`SharpnessResult.error_bound`: the largest per-head bound, or ``eps(dtype)`` without pairs."""
+    eps = jnp.asarray(jnp.finfo(dtype).eps, dtype)
+    bounds = [jnp.max(b).astype(dtype) for b in _pair_bounds(fac, dtype)]
+    return jnp.max(jnp.stack(bounds + [eps]))
+
+
+def _raise_if_pair_inaccurate(who: str, geometry, fac: list, dtype, rtol: float) -> None:
+    """Eagerly: raise if a pair's error bound ``cond eps`` exceeds ``rtol``, naming an ``eps`` that works."""
+    for j, (f, bound) in enumerate(zip(fac, _pair_bounds(fac, dtype))):
+        b = np.asarray(bound)
+        if (b <= rtol).all():
+            continue
         name = geometry.names[j] if j < len(geometry.names) else f"pair {j}"
-        _raise_if_singular(f, f"{who}: GL(h) pair {j} ({name})")
+        bad = tuple(int(i) for i in np.argwhere(~(b <= rtol))[0]) if b.ndim else ()
+        worst = float(np.max(b))
+        target = rtol / float(jnp.finfo(dtype).eps)
+        eps_ok = max(_eps_that_works(np.asarray(f.G), np.asarray(f.H), target), geometry.eps)
+        raise GeometryError(
+            f"{who}: GL(h) pair {j} ({name}) is too ill conditioned at {jnp.dtype(dtype).name} for rtol={rtol:g}: "
+            f"error bound cond(side) * eps = {worst:.3g} > rtol (worst head index {bad}; condition number of a side "
+            f"{worst / float(jnp.finfo(dtype).eps):.3g}, accepted up to {target:.3g}; a numerically rank deficient "
+            f"pair has an infinite bound). Remedies: the relaxation eps > 0 of metric (15) (App. G.2), e.g. "
+            f"mg.symmetry_spec(..., eps={eps_ok:.1g}), which makes this pair's bound <= rtol/2 but breaks exact "
+            "invariance by about eps / s_min^2; float64; a looser rtol (at most the error you can accept); or a "
+            "better-conditioned point."
+        )
 
 
 def _raise_if_non_finite(who: str, per_batch, finite) -> None:
@@ -1017,26 +1161,33 @@ def _check_params(params: PyTree, batches: PyTree, who: str) -> None:
     check_finite(batches, f"{who}: batches", hint="Remove or fix the non-finite inputs.")
 
 
+def _check_rtol(rtol: Any, who: str) -> None:
+    if isinstance(rtol, bool) or not isinstance(rtol, (int, float, np.integer, np.floating)) or not 0 < rtol < 1:
+        raise GeometryError(f"{who}: rtol must be a float in (0, 1), got {rtol!r}.")
+
+
 def _over_batches(
-    loss_fn, geometry, params, batches, rho, key, n_iter, momentum, keep, who, n_restarts
+    loss_fn, geometry, params, batches, rho, key, n_iter, momentum, keep, who, n_restarts, rtol=DEFAULT_RTOL
 ) -> SharpnessResult:
-    n = _check_common(rho, batches, n_iter)
+    n, dtype = _check_common(loss_fn, params, rho, batches, n_iter, key, who)
     _check_restarts(n_restarts)
+    _check_rtol(rtol, who)
     eager = is_concrete(params, batches, rho, key)
     if eager:
         _check_params(params, batches, who)
     fac = _factorize(geometry, params) if geometry.pairs else []
     if eager:  # before the (expensive) search
-        _raise_if_pair_singular(who, geometry, fac)
+        _raise_if_pair_inaccurate(who, geometry, fac, dtype, rtol)
     values, finite, perts = _search_batches(
         loss_fn, params, fac, batches, rho, jax.random.split(key, n), geometry=geometry, n_iter=n_iter,
         momentum=momentum, keep=bool(keep), n_restarts=int(n_restarts),
     )
-    pairs_ok = jnp.all(jnp.stack([jnp.all(f.ok) for f in fac])) if fac else jnp.asarray(True)
-    status = _status(pairs_ok, finite)
+    bound = _error_bound(fac, dtype)
+    pairs_ok = bound <= rtol
+    status = _status(pairs_ok, finite, _rho_ok(rho, dtype))
     if eager:
         _raise_if_non_finite(who, values, finite)
-    return SharpnessResult(jnp.mean(values), values, perts, status)
+    return SharpnessResult(jnp.mean(values), values, perts, status, bound)
 
 
 def _average_case_impl(loss_fn, params, batches, rho, keys, *, n_samples: int, fixed: tuple):
@@ -1093,11 +1244,18 @@ def adaptive_sharpness(
     params : pytree
         The weights :math:`w`.
     batches : pytree
-        Leaves stacked along a leading axis, one entry per batch; the result is averaged over batches.
+        A **stack** of batches: every leaf of shape ``(num_batches, batch_size, ...)``, the leading
+        batch-index axis shared by all leaves, each batch keeping its own example axis (so every leaf has
+        at least two axes; a per-batch scalar has shape ``(num_batches, 1)``).  ``loss_fn`` receives one
+        entry ``batch = tree_map(lambda x: x[b], batches)``; the result is averaged over batches.  Stack
+        one batch with ``tree_map(lambda x: x[None], batch)``, a dataset with
+        ``mg.batches_of(data, batch_size, drop_remainder=True).stacked()``.
     rho : float
-        Radius of the adaptive L2 ball :math:`\lVert\delta/|w|\rVert_2 \le \rho`.
+        Radius of the adaptive L2 ball :math:`\lVert\delta/|w|\rVert_2 \le \rho`; at most ``1/eps`` of the
+        loss's dtype (8.4e6 in float32, 4.5e15 in float64), beyond which ``w + delta`` no longer
+        depends on ``w`` in rounding.
     key : jax.Array
-        PRNG key (random start, average-case samples).
+        PRNG key (random start, average-case samples), e.g. ``jax.random.PRNGKey(0)``.
     kind : {"worst", "average"}, optional
         ``"worst"`` (Auto-PGD, ``n_iter`` iterations) or ``"average"`` (``n_samples`` Gaussian samples).
     n_iter : int, optional
@@ -1128,8 +1286,12 @@ def adaptive_sharpness(
     Raises
     ------
     GeometryError
-        Eagerly: rho not a positive finite scalar, non-finite params or batches, or a non-finite
-        loss during the search.  Under ``jit`` the values cannot be checked: read ``result.status``.
+        Always (shapes and dtypes are static): ``batches`` not stacked (a leaf with fewer than two axes)
+        or its leaves disagreeing on the number of batches; ``loss_fn`` failing on one batch's shapes or
+        not returning a real scalar; ``key`` not a PRNG key; params empty, integer or complex; params or
+        loss in float16/bfloat16 (cast to float32).  Eagerly: rho not a positive finite scalar or above
+        ``1/eps`` of the loss's dtype, non-finite params or batches, or a non-finite loss during the
+        search.  Under ``jit`` the values cannot be checked: read ``result.status``.
 
     Examples
     --------
@@ -1155,7 +1317,7 @@ def adaptive_sharpness(
         )
     if kind != "average":
         raise GeometryError(f"adaptive_sharpness: kind must be 'worst' or 'average', got {kind!r}.")
-    n = _check_common(rho, batches, n_iter)
+    n, dtype = _check_common(loss_fn, params, rho, batches, n_iter, key, who)
     if isinstance(n_samples, bool) or not (isinstance(n_samples, (int, np.integer)) and n_samples >= 1):
         raise GeometryError(f"adaptive_sharpness: n_samples must be a positive int, got {n_samples!r}.")
     eager = is_concrete(params, batches, rho, key)
@@ -1166,8 +1328,8 @@ def adaptive_sharpness(
     )
     if eager:
         _raise_if_non_finite(who, values, finite)
-    status = _status(jnp.asarray(True), finite)
-    return SharpnessResult(jnp.mean(values), values, None, status)
+    status = _status(jnp.asarray(True), finite, _rho_ok(rho, dtype))
+    return SharpnessResult(jnp.mean(values), values, None, status, _error_bound([], dtype))
 
 
 def geodesic_sharpness(
@@ -1182,6 +1344,7 @@ def geodesic_sharpness(
     momentum: float = 0.75,
     return_perturbation: bool = False,
     n_restarts: int = N_RESTARTS,
+    rtol: float = DEFAULT_RTOL,
 ) -> SharpnessResult:
     r"""Worst-case geodesic sharpness on the quotient by the spec's symmetries.
 
@@ -1201,7 +1364,8 @@ def geodesic_sharpness(
     params : pytree
         The weights :math:`w`.
     batches : pytree
-        Leaves stacked along a leading axis, one entry per batch.
+        A stack of batches, every leaf of shape ``(num_batches, batch_size, ...)`` (see
+        :func:`adaptive_sharpness`).
     spec : SymmetrySpec
         The symmetries, from :func:`symmetry_spec`.
     rho : float
@@ -1210,19 +1374,26 @@ def geodesic_sharpness(
         PRNG key of the random (horizontal, equivariant) start.
     n_iter, momentum, return_perturbation, n_restarts
         As in :func:`adaptive_sharpness`.
+    rtol : float, optional
+        Relative accuracy, in (0, 1), required of the factorization of metric (15): a GL(h) pair is
+        accepted when its error bound :math:`\mathrm{cond}(\text{side})\,\varepsilon_{\text{dtype}}` (largest
+        over heads) is at most ``rtol``.  The default 1e-2 accepts float32 sides up to condition number
+        8.4e4 (a ViT-B/32 moved by per-head :math:`A = I + N/8` has 3.9e4, bound 4.6e-3).
 
     Returns
     -------
     SharpnessResult
-        With a ``status`` (see there); ``perturbation`` only if ``return_perturbation``.
+        With a ``status`` and the ``error_bound`` (see there); ``perturbation`` only if
+        ``return_perturbation``.
 
     Raises
     ------
     GeometryError
-        Eagerly: a GL(h) pair numerically rank deficient at its dtype (the message names the pair,
-        the head and the remedy: ``eps > 0``, float64, a better-conditioned point), rho not a
-        positive finite scalar, non-finite params or batches, a non-finite loss.  Under ``jit``:
-        no exception; read ``result.status``.
+        Eagerly: a GL(h) pair whose error bound exceeds ``rtol`` (rank-deficient pairs included; the
+        message names the pair, the head, the bound, and a relaxation ``eps`` computed for this pair that
+        brings its bound to ``rtol/2``), and the errors of :func:`adaptive_sharpness` (batches not
+        stacked, a loss that fails on a batch's shapes, a bad key, float16/bfloat16, rho out of range).
+        Under ``jit``: no exception; read ``result.status``.
 
     Examples
     --------
@@ -1243,7 +1414,8 @@ def geodesic_sharpness(
     who = "geodesic_sharpness"
     _check_spec(spec, params, who)
     return _over_batches(
-        loss_fn, _Geometry(spec), params, batches, rho, key, n_iter, momentum, return_perturbation, who, n_restarts
+        loss_fn, _Geometry(spec), params, batches, rho, key, n_iter, momentum, return_perturbation, who, n_restarts,
+        rtol,
     )
 
 

@@ -254,7 +254,7 @@ def test_gl1_geodesic_sharpness_scalar_toy_closed_form():
     """Paper 004, App. D: for L = (u v - beta*)^2 the horizontal geodesics are (u e^B, v e^B) with
     |xi|^2 = 2 B^2, so the worst case over the geodesic ball is attained at B = +-rho / sqrt(2)."""
     beta_star = 1.5
-    loss = lambda p, b: (p["u"][0] * p["v"][0] - b) ** 2
+    loss = lambda p, b: (p["u"][0] * p["v"][0] - b[0]) ** 2  # b: one batch holding beta* (shape (1,))
     rho = 0.2
     for u0, v0 in [(0.5, 2.0), (4.0, 0.25), (1.2, 1.1)]:
         params = {"u": jnp.array([u0]), "v": jnp.array([v0])}
@@ -263,7 +263,7 @@ def test_gl1_geodesic_sharpness_scalar_toy_closed_form():
         # case is the best of a few random starts
         runs = [
             mg.geodesic_sharpness(
-                loss, params, jnp.array([beta_star]), spec, rho, key=jax.random.PRNGKey(k), n_iter=30
+                loss, params, jnp.array([[beta_star]]), spec, rho, key=jax.random.PRNGKey(k), n_iter=30
             )
             for k in range(4)
         ]
@@ -278,7 +278,7 @@ def test_gl1_geodesic_sharpness_scalar_toy_closed_form():
     a = 7.0
     moved = {"u": jnp.array([1.2 * a]), "v": jnp.array([1.1 / a])}
     res2 = mg.geodesic_sharpness(
-        loss, moved, jnp.array([beta_star]), spec, rho, key=jax.random.PRNGKey(0), n_iter=30
+        loss, moved, jnp.array([[beta_star]]), spec, rho, key=jax.random.PRNGKey(0), n_iter=30
     )
     np.testing.assert_allclose(res2.sharpness, runs[0].sharpness, rtol=1e-9)
     with pytest.raises(mg.GeometryError, match=r"equal shapes"):
