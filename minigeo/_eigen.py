@@ -336,6 +336,10 @@ def _accepted(theta: jax.Array, bounds: jax.Array, valid: jax.Array, T: jax.Arra
     return ok, allowed
 
 
+#: What the last eager call of :func:`certified_top_eigenvalues` ran (for benchmarks): block steps, products.
+last_run: dict = {}
+
+
 def certified_top_eigenvalues(
     projected: Callable[[int], tuple[jax.Array, jax.Array, jax.Array]],
     d: int,
@@ -362,6 +366,8 @@ def certified_top_eigenvalues(
         T, alive, M = projected(m)
         check_finite(T, "The Lanczos projected matrix", hint=f"The {what} products are not finite.")
         theta, bounds, valid = ritz_certificate(T, alive, M, k)
+        if eager:
+            last_run.update(blocks=m, block_size=p, products=count_products() if count_products is not None else m * p)
         if rtol is None:
             return jnp.where(valid, theta, jnp.nan)
         ok, allowed = _accepted(theta, bounds, valid, T, rtol)
