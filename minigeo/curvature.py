@@ -36,7 +36,7 @@ from ._checks import (
 )
 from ._compile import jit_per_callable
 from ._linalg import solve_spd_cg
-from ._eigen import ResumableBlockLanczos, block_lanczos, certified_top_eigenvalues, validate_k
+from ._eigen import ResumableBlockLanczos, block_lanczos, certified_top_eigenvalues, default_num_products, validate_k
 from ._estimators import mean_and_standard_error, rademacher_like
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from ._metric import Metric, MetricField, _matrix_field
@@ -738,28 +738,42 @@ def top_eigenvalues(
     eager = is_concrete(params, key, None if isinstance(metric, Metric) else metric)
     compiled = _compilable(metric)
     options = dict(tol=tol, maxiter=maxiter)
-    run = None
-    if eager and num_iterations is None:
+    device_products = [0]
+    fixed = _compiled_block_projected if (compiled and eager) else _block_projected
+    if eager and num_iterations is None and compiled:
+        # adaptive: first the compiled default (as under jit); if that does not certify, extend one
+        # block Krylov space in host memory (rebuilt once), each block product compiled once per f
+        m0 = -(-min(d, default_num_products(k, p)) // p)
+        mv_key = metric.mv_fn if isinstance(metric, Metric) else None
+        gb = None if metric is None else (lambda V: _compiled_flat_block_inverse(mv_key, params, metric, V, **options))
+        host: list = []  # the host run, built only if the compiled default does not certify
+
+        def projected(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+            if m == m0:
+                device_products[0] += m * p
+                return fixed(f, params, metric, Z, restart_key, m=m, **options)
+            if not host:
+                host.append(ResumableBlockLanczos(lambda V: _compiled_flat_block_hvp(f, params, V), gb, Z, key=restart_key))
+            return host[0].projected(m)
+
+        count = lambda: device_products[0] + (host[0].products if host else 0)
+
+    elif eager and num_iterations is None:
         # adaptive: extend one block Krylov space, each block product compiled once per f (or metric)
-        if compiled:
-            hb = lambda V: _compiled_flat_block_hvp(f, params, V)
-            mv_key = metric.mv_fn if isinstance(metric, Metric) else None
-            gb = None if metric is None else (lambda V: _compiled_flat_block_inverse(mv_key, params, metric, V, **options))
-        else:
-            hb = lambda V: _flat_block_hvp(f, params, V)
-            gb = lambda V: jnp.stack([_flat_inverse(None, params, metric, v, **options) for v in V])
+        hb = lambda V: _flat_block_hvp(f, params, V)
+        gb = lambda V: jnp.stack([_flat_inverse(None, params, metric, v, **options) for v in V])
         run = ResumableBlockLanczos(hb, gb, Z, key=restart_key)
         projected = run.projected
+        count = lambda: run.products
     else:
-        fixed = _compiled_block_projected if (compiled and eager) else _block_projected
         projected = lambda m: fixed(f, params, metric, Z, restart_key, m=m, **options)
+        count = None
 
     def checked(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
         out = projected(m)
         _diagnose_cg(out[0], metric, params, key, tol, maxiter)  # a failed CG solve: its own error, eagerly
         return out
 
-    count = (lambda: run.products) if run is not None else None
     return certified_top_eigenvalues(checked, d, k, p, num_iterations, rtol, eager, "Hessian", count)
 
 
