@@ -92,14 +92,20 @@ def run_dense(rows):
 def run_mlp(rows):
     import _harness
 
+    # the harness's network (x64 is on here, so cast: float32 weights and inputs, as without x64)
     params, model, y = _harness.mlp(jax.random.PRNGKey(0))
-
-    loss = lambda p: loss_of_logits(model(p), y)
+    keys = jax.random.split(jax.random.PRNGKey(0), 5)  # the harness's inputs, regenerated as it does
+    X = jnp.asarray(jax.random.normal(keys[-2], (256, 784)), jnp.float32)
+    params = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float32), params)
+    loss = lambda p: loss_of_logits(_mlp_apply(p, X), y)
     flat, unravel = jax.flatten_util.ravel_pytree(params)
     d = flat.size
-    # float64 reference by eigsh (tol 1e-10)
+    # float64 reference by eigsh (tol 1e-10), on the same float32 weights and inputs cast to float64
     p64 = jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), params)
-    hvp64 = jax.jit(lambda v: jax.flatten_util.ravel_pytree(mg.hvp(loss, p64, unravel(v)))[0])
+    X64 = jnp.asarray(X, jnp.float64)
+    loss64 = lambda p: loss_of_logits(_mlp_apply(p, X64), y)
+    unravel64 = jax.flatten_util.ravel_pytree(p64)[1]
+    hvp64 = jax.jit(lambda v: jax.flatten_util.ravel_pytree(mg.hvp(loss64, p64, unravel64(v)))[0])
     ref_count = [0]
 
     def mv64(v):
@@ -111,13 +117,12 @@ def run_mlp(rows):
     exact = np.sort(sla.eigsh(op64, k=5, which="LA", v0=v0, tol=1e-10, return_eigenvectors=False))[::-1]
     print("MLP reference (float64 eigsh, tol 1e-10):", exact, ref_count[0], "products", flush=True)
     got = mg.top_eigenvalues(loss, params, jax.random.PRNGKey(0), k=5)
+    print("function", np.asarray(got), flush=True)
     fun = (rel_err(got, exact), _eigen.last_run["products"])
     jitted = jax.jit(lambda p: mg.top_eigenvalues(loss, p, jax.random.PRNGKey(0), k=5))(params)
+    print("jit", np.asarray(jitted), flush=True)
     p = _eigen.default_block_size(5)
     jit_row = (rel_err(jitted, exact), _eigen.default_num_products(5, p))
-    keys = jax.random.split(jax.random.PRNGKey(0), 5)  # the harness's inputs, regenerated as it does
-    X = jax.random.normal(keys[-2], (256, 784))
-    assert np.allclose(np.asarray(model(params)), np.asarray(_mlp_apply(params, X)), atol=1e-5)
     op = mg.hessian_operator(lambda q, b: loss_of_logits(_mlp_apply(q, b[0]), b[1]), params)
     got_op = op.top_eigenvalues(jax.random.PRNGKey(0), mg.batches_of((X, y), 128), k=5)
     opr = (rel_err(got_op, exact), _eigen.last_run["products"])
