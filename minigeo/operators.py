@@ -543,7 +543,7 @@ class CurvatureOperator:
         the basis in host memory: the device holds a few blocks of size :math:`p \times d`, the
         host :math:`n d` numbers (:math:`2nd` with a metric) for :math:`n` products.
         ``num_iterations`` counts products (rounded up to whole blocks), so the passes over the
-        data are ``num_iterations / p``; ``None`` starts at :math:`\max(30, 4k, 12p)` and grows by
+        data are ``num_iterations / p``; ``None`` starts at :math:`\max(30, 4k, 30p)` and grows by
         1.5x until certified.  An uncertified value raises :class:`~minigeo.GeometryError`.
 
         Parameters
