@@ -660,7 +660,8 @@ def top_eigenvalues(
     **Iterations and cost.**  ``num_iterations`` is the Krylov dimension: the number of products
     with :math:`H` (and with :math:`G^{-1}`), rounded up to whole blocks of :math:`p`; one block
     step per :math:`p` products.  ``None`` (default) starts at :math:`\max(30, 4k, 30p)` and, eagerly,
-    grows by 1.5x (extending the same Krylov space, so the cost is the final count) until the top
+    grows by 1.5x (first the compiled default, as under ``jit``; if that does not certify, one
+    Krylov space in host memory, extended block by block: the default plus the final count) until the top
     ``k`` are certified or the basis spans all :math:`d` dimensions (then exact).  Under ``jit``
     there is no adaptive loop: ``None`` runs :math:`\max(30, 4k, 30p)` products, which certifies the
     top 5 of an MLP 784-256-256-10 at initialization (float32; clustered top five; 5e-6 from a
