@@ -28,10 +28,11 @@ import numpy as np
 
 from ._checks import GeometryError, as_float_point, check_finite, check_same_structure
 from ._compile import jit_per_callable, one_trace_per_call
-from ._linalg import ResumableLanczos, check_damping, lanczos_tridiagonal_offloaded
+from ._linalg import check_damping, lanczos_tridiagonal_offloaded
+from ._eigen import ResumableBlockLanczos, certified_top_eigenvalues, validate_k
 from ._estimators import check_slq_positive, mean_and_standard_error, rademacher_like, slq_breakdown_tol, slq_quadrature
 from ._tree import PyTree, ravel, tree_size
-from .curvature import _CG_HINT, MetricArg, _certified_lanczos, _diagnose_cg, _metric_inverse, hvp
+from .curvature import _CG_HINT, MetricArg, _diagnose_cg, _metric_inverse, hvp
 from .metrics import Likelihood, Metric, empirical_fisher, fisher, ggn
 
 __all__ = [
@@ -401,6 +402,7 @@ class CurvatureOperator:
         self.params, self.name, self.batch_mv = params, name, batch_mv
         self._mv = functools.partial(_batch_product, batch_mv)
         self._terms = functools.partial(_batch_terms, batch_mv)
+        self._block_mv = functools.partial(_batch_block_product, batch_mv)
 
     def at(self, params: PyTree) -> "CurvatureOperator":
         r"""The same operator at other parameters (same structure), reusing the compiled programs.
@@ -691,16 +693,21 @@ class CurvatureOperator:
         maxiter: int | None = None,
         progress: Any = False,
         max_batches: int | None = None,
+        block_size: int | None = None,
     ) -> jax.Array:
-        r"""The ``k`` largest eigenvalues of :math:`G^{-1}M` over the dataset, by Lanczos.
+        r"""The ``k`` largest eigenvalues of :math:`G^{-1}M` over the dataset, counted with multiplicity, by block Lanczos.
 
         .. math:: G^{-1}M\,u = \lambda u,\qquad \lambda_1 \ge \dots \ge \lambda_k.
 
-        The recurrence, reorthogonalization and breakdown restarts of
-        :func:`~minigeo.top_eigenvalues` (same start vector for the same key), with one pass
-        over the data per iteration and the ``num_iterations x d`` Krylov basis in host
-        memory: the device holds a few vectors of size ``d``, the host ``m d`` numbers
-        (``2 m d`` with a metric).
+        The algorithm, certificate and guarantees of :func:`~minigeo.top_eigenvalues` (the same
+        code: block Lanczos from :math:`p` random start vectors, Rayleigh-Ritz, and Kahan's
+        residual bound, which counts multiplicity), with one pass over the data per **block**
+        step (each batch multiplies the whole block of :math:`p` vectors at once, ``vmap``-ed) and
+        the basis in host memory: the device holds a few blocks of size :math:`p \times d`, the
+        host :math:`n d` numbers (:math:`2nd` with a metric) for :math:`n` products.
+        ``num_iterations`` counts products (rounded up to whole blocks), so the passes over the
+        data are ``num_iterations / p``; ``None`` starts at :math:`\max(30, 4k, 30p)` and grows by
+        1.5x until certified.  An uncertified value raises :class:`~minigeo.GeometryError`.
 
         Parameters
         ----------
@@ -714,26 +721,32 @@ class CurvatureOperator:
         metric : pytree or :class:`~minigeo.Metric`, optional
             ``None`` (Euclidean), a positive diagonal pytree, or a :class:`~minigeo.Metric`.
         num_iterations : int, optional
-            Lanczos iterations; ``None`` grows the count by 1.5x until the values are certified.
+            Products with :math:`M` (the Krylov dimension, rounded up to whole blocks); ``None`` grows
+            the count by 1.5x until the values are certified.
         rtol : float, optional
-            Certification tolerance, as in :func:`~minigeo.top_eigenvalues`.
+            Certification tolerance, relative to the largest returned magnitude, as in
+            :func:`~minigeo.top_eigenvalues`.
         tol, maxiter : optional
             Conjugate-gradient tolerance and iteration limit for a matrix-free ``metric``.
         progress : bool or tqdm-like class, optional
-            Show a progress bar.
+            Show a progress bar (one step per block, i.e. per pass over the data).
         max_batches : int, optional
             Use at most this many batches per pass (required for batches without a length).
+        block_size : int, optional
+            Start vectors :math:`p`, as in :func:`~minigeo.top_eigenvalues` (default :math:`k + 2`,
+            1 for :math:`k = 1`).
 
         Returns
         -------
         jax.Array
-            The ``k`` largest eigenvalues, in decreasing order.
+            The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated.
 
         Raises
         ------
         GeometryError
-            If ``batches`` is a one-shot iterator or has no length (and no ``max_batches``), a value cannot be certified to ``rtol``, or the
-            products are not finite.
+            If ``batches`` is a one-shot iterator or has no length (and no ``max_batches``), ``k``,
+            ``num_iterations`` or ``block_size`` is invalid, a value cannot be certified to ``rtol``, or
+            the products are not finite.
 
         Examples
         --------
@@ -753,15 +766,32 @@ class CurvatureOperator:
         fresh = _many_passes(batches, "top_eigenvalues", max_batches)
         d = tree_size(self.params)
         flat0, unravel = ravel(self.params)
+        p = validate_k(k, num_iterations, d, block_size)
         apply_inverse = _metric_inverse(metric, self.params, tol, maxiter)
-        apply_m = lambda v: ravel(self.dataset_mv(unravel(v), fresh()))[0]
-        apply_ginv = None if metric is None else (lambda v: ravel(apply_inverse(unravel(v)))[0])
-        z = jax.random.normal(key, (d,), dtype=flat0.dtype)
-
-        run = ResumableLanczos(apply_m, apply_ginv, z, key=jax.random.fold_in(key, 1), start_restart_index=d)
+        apply_m = lambda V: self._dataset_block_mv(V, fresh())
+        apply_ginv = None if metric is None else (lambda V: jnp.stack([ravel(apply_inverse(unravel(v)))[0] for v in V]))
+        Z = jax.random.normal(key, (p, d), dtype=flat0.dtype)
+        run = ResumableBlockLanczos(apply_m, apply_ginv, Z, key=jax.random.fold_in(key, 1))
         steps = lambda r: _progress(r, progress, f"{self.name} Lanczos")
-        return _certified_lanczos(lambda m: run.tridiagonal(m, steps=steps), d, k, num_iterations, rtol, True, self.name)
+        return certified_top_eigenvalues(
+            lambda m: run.projected(m, steps=steps), d, k, p, num_iterations, rtol, True, self.name, lambda: run.products
+        )
 
+    def _dataset_block_mv(self, V: jax.Array, batches: Iterable[Batch]) -> jax.Array:
+        """``M v`` for every row ``v`` of the flat ``V`` (``(p, d)``), in one pass (the block ``vmap``-ed per batch)."""
+        unravel = ravel(self.params)[1]
+        Vt = jax.vmap(unravel)(V)
+        total, n = None, 0
+        for batch in batches:
+            nb = _num_examples(batch, self.name)
+            out = jax.vmap(lambda t: ravel(t)[0])(self._block_mv(self.params, Vt, batch))
+            total = nb * out if total is None else total + nb * out
+            n += nb
+        if total is None:
+            raise GeometryError(f"{self.name}: no batches: the dataset is empty.")
+        out = total / n
+        check_finite(out, f"The {self.name} product", hint="The loss is not twice differentiable here, or overflowed.")
+        return out
 
     @_one_trace_per_call
     def logdet_slq(
@@ -874,6 +904,9 @@ def _terms_impl(batch_mv: Callable, params, probes, duals, batch, *, batched: An
 # traced at every call (once per batch shape inside one method call), compiled once per program
 _batch_product = jit_per_callable(lambda batch_mv, params, v, batch: batch_mv(params, v, batch))
 _batch_terms = jit_per_callable(_terms_impl, static_argnames=("batched",))
+_batch_block_product = jit_per_callable(
+    lambda batch_mv, params, V, batch: jax.vmap(batch_mv, in_axes=(None, 0, None))(params, V, batch)
+)
 
 
 def _split(batch: Batch, who: str) -> tuple[Any, Any]:
