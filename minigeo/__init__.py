@@ -75,7 +75,7 @@ __all__ = [
     *curvature.__all__,
     *densities.__all__,
     *operators.__all__,
-    *sharpness.__all__,
+    *(name for name in sharpness.__all__ if name != "kendall_tau"),  # kendall_tau: from stats
     *parallel.__all__,
     *stats.__all__,
     "models",
