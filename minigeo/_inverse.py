@@ -1,4 +1,4 @@
-"""Applying the inverse of a metric argument, shared by :mod:`minigeo.curvature` and :mod:`minigeo.operators` (private).
+"""Applying the inverse of a metric argument, shared by :mod:`minigeo.curvature` and :mod:`minigeo.operators` (floor 1, private).
 
 ``metric=`` of :func:`minigeo.trace_estimate`, :func:`minigeo.top_eigenvalues` and the operators'
 methods is ``None`` (Euclidean), a positive pytree (diagonal) or a :class:`~minigeo.Metric`;

@@ -1,4 +1,4 @@
-r"""Factored metric (15) of a GL(h) pair, shared by :mod:`minigeo.quotient` and :mod:`minigeo.sharpness` (private).
+r"""Factored metric (15) of a GL(h) pair, shared by :mod:`minigeo.quotient` and :mod:`minigeo.sharpness` (floor 1, private).
 
 A pair ``(G, H)`` used as :math:`GH^\top` carries metric (15) of da Silva et al. (2025); this module factors
 it from thin SVDs of the sides (:class:`_PairFrame`, :func:`_factor_pair`; never from Gram matrices, which

@@ -1,4 +1,4 @@
-r"""Adaptive and geodesic sharpness (chapters 6 and 7).
+r"""Adaptive and geodesic sharpness (floor 3, chapters 6 and 7).
 
 **Adaptive sharpness** (Kwon et al. 2021; Andriushchenko et al. 2023) measures how much the
 loss can rise under perturbations scaled by the weights' magnitudes,
