@@ -32,8 +32,8 @@ from _harness import describe_machine, interleaved_per_iteration, median_time  #
 
 import minigeo as mg  # noqa: E402
 import minigeo.models as mm  # noqa: E402
-from minigeo.quotient import _whitened_projection  # noqa: E402
-from minigeo.sharpness import _Geometry  # noqa: E402
+from minigeo._pairs import _whitened_projection  # noqa: E402
+from minigeo.sharpness._blocks import _Geometry  # noqa: E402
 
 TARGET = 1.2
 SMALL = mm.ViTConfig(

@@ -3,32 +3,38 @@
 The companion library of the course *Geometry of Parameter Spaces*.  Public
 names are re-exported here; everything else is private and may change.
 
-Modules (floors: a module imports only from floors below it)
+Modules (floors: a module imports only from floors below it; inside floor 1, from the modules
+before it in the order listed; no module imports a private name from a public module; the API
+reference's architecture page draws the map and ``tests/test_layering.py`` checks it)
 
-* floor 1 ``_checks``, ``_tree``, ``_estimators``: validation and error messages, pytree helpers,
+* floor 1 ``_checks``, ``_compile``: validation and error messages; the never-stale compile layer.
+* floor 1 ``_tree``: pytree helpers; ``_pairs``: metric (15) of a GL(h) pair factored from thin SVDs
+  of its sides (shared by :mod:`minigeo.quotient` and :mod:`minigeo.sharpness`);
+  :mod:`minigeo.stats`: Kendall's tau, with bootstrap intervals and permutation p-values (chapters 6
+  and 7); :mod:`minigeo.parallel`: data parallelism with ``jax.sharding`` (chapter 7).
+* floor 1 ``_linalg``, ``_estimators``: Cholesky and conjugate-gradient solves with checks, Lanczos;
   Rademacher probes and standard errors of the randomized estimators.
-* floor 1 ``_linalg``: Cholesky and conjugate-gradient solves with checks.
 * floor 1 ``_metric``: the one metric type :class:`Metric` (a pytree), :func:`as_metric` and the
   simple fields, below every module that takes a metric (re-exported by :mod:`minigeo.metrics`).
+* floor 1 ``_inverse``: the ``metric=`` argument as ``v -> G^{-1} v`` (shared by
+  :mod:`minigeo.curvature` and :mod:`minigeo.operators`).
 * floor 2 :mod:`minigeo.coords`: reparametrizations, transformation rules, ♭/♯
-  (chapter 1); :mod:`minigeo.reparam`: built-in reparametrizations;
-  :mod:`minigeo.metrics`: matrix-free metrics (GGN, Fisher, empirical Fisher,
+  (chapter 1); :mod:`minigeo.metrics`: matrix-free metrics (GGN, Fisher, empirical Fisher,
   pullbacks; chapter 2).
 * floor 2 :mod:`minigeo.quotient`: GL(h)/GL(1) quotient geometry (metric (15),
   vertical and horizontal spaces, Riemannian gradient, geodesics; chapter 6).
+* floor 3 :mod:`minigeo.reparam`: built-in reparametrizations (chapter 1).
 * floor 3 :mod:`minigeo.natgrad`: Gram matrices, Moore-Penrose natural parameter
   gradients, matrix-free natural gradients and an optax preconditioner (chapter 3).
 * floor 3 :mod:`minigeo.curvature`: HVPs, Hessians, Christoffel symbols, the
   Riemannian Hessian and the invariant Hessian endomorphism, Hutchinson and
   Lanczos (chapter 4).
-* floor 3 :mod:`minigeo.sharpness`: adaptive and geodesic sharpness by Auto-PGD,
-  symmetry specifications, Kendall's tau (chapters 6 and 7).
-* floor 1 :mod:`minigeo.parallel`: data parallelism with ``jax.sharding`` (chapter 7).
-* floor 1 :mod:`minigeo.stats`: Kendall's tau with bootstrap intervals and permutation
-  p-values (chapters 6 and 7).
+* floor 3 :mod:`minigeo.sharpness` (a package: the spec types, the search space with one block per
+  symmetry kind, the Auto-PGD ascent, the drivers): adaptive and geodesic sharpness by Auto-PGD,
+  symmetry specifications (chapters 6 and 7).
 * floor 4 :mod:`minigeo.models` (imported as ``minigeo.models``, names not re-exported
-  here): a vision transformer with its symmetry specification and timm converter, and
-  training helpers (chapter 7).
+  here): a vision transformer with its symmetry specification, timm and OpenCLIP converters
+  (``minigeo.models.checkpoints``), and training helpers (chapter 7).
 * floor 4 :mod:`minigeo.assignments` (imported as ``minigeo.assignments``, names not
   re-exported here): automatic checks for the assignment notebooks of chapters 1, 4 and 6.
 * floor 4 :mod:`minigeo.operators`: curvature operators (Hessian, GGN, Fisher, empirical
@@ -75,7 +81,7 @@ __all__ = [
     *curvature.__all__,
     *densities.__all__,
     *operators.__all__,
-    *sharpness.__all__,
+    *(name for name in sharpness.__all__ if name != "kendall_tau"),  # kendall_tau: from stats
     *parallel.__all__,
     *stats.__all__,
     "models",

@@ -18,7 +18,7 @@ products.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Union
+from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
@@ -35,11 +35,11 @@ from ._checks import (
     symmetry_rtol,
 )
 from ._compile import jit_per_callable, one_trace_per_call
-from ._linalg import check_solver_options, solve_spd_cg
 from ._eigen import ResumableBlockLanczos, block_lanczos, certified_top_eigenvalues, default_num_products, validate_k
 from ._estimators import mean_and_standard_error, rademacher_like
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from ._metric import Metric, MetricField, _matrix_field
+from ._inverse import _CG_HINT, MetricArg, _compilable, _diagnose_cg, _metric_inverse
 
 __all__ = [
     "hvp",
@@ -449,54 +449,6 @@ def endomorphism_slogdet(H: jax.Array, G: jax.Array) -> tuple[jax.Array, jax.Arr
 # ---------------------------------------------------------------------------
 # matrix-free
 # ---------------------------------------------------------------------------
-MetricArg = Union[None, PyTree, Metric]
-
-
-def _metric_inverse(
-    metric: MetricArg, params: PyTree, tol: float, maxiter: int | None, strict: bool = False
-) -> Callable[[PyTree], PyTree]:
-    """``v -> G^{-1} v`` for None (identity), a positive pytree (diagonal) or a Metric (CG).
-
-    ``strict``: a CG solve that did not converge gives NaN (under ``jit`` it cannot raise), so a
-    failed solve shows up as a non-finite result that the eager caller reports.  ``tol`` and
-    ``maxiter`` are validated for every metric (the public entry points forward theirs here).
-    """
-    check_solver_options(tol, maxiter, "the conjugate-gradient solves with the metric")
-    if metric is None:
-        return lambda v: v
-    if isinstance(metric, Metric):
-        what = f"the {metric.name} metric"
-        if not strict:
-            return lambda v: solve_spd_cg(metric.at(params), v, tol=tol, maxiter=maxiter, what=what)
-
-        def solve(v: PyTree) -> PyTree:
-            x, info = solve_spd_cg(metric.at(params), v, tol=tol, maxiter=maxiter, what=what, return_info=True)
-            return jax.tree_util.tree_map(lambda a: jnp.where(info.converged, a, jnp.nan), x)
-
-        return solve
-    check_same_structure(params, metric, "the diagonal metric", "params")
-    if is_concrete(metric):
-        check_finite(metric, "the diagonal metric")
-        bad = sum(int(jnp.sum(leaf <= 0)) for leaf in jax.tree_util.tree_leaves(metric))
-        if bad:
-            raise GeometryError(
-                f"the diagonal metric has {bad} entries <= 0: it is not positive definite. Add damping "
-                "(e.g. metric + 1e-8) or take absolute values."
-            )
-    return lambda v: jax.tree_util.tree_map(lambda a, w: a / w, v, metric)
-
-
-def _compilable(metric: MetricArg) -> bool:
-    """Metrics whose products may run inside a compiled loop (their checks do not need concrete values)."""
-    return not isinstance(metric, Metric) or metric.compiled
-
-
-_CG_HINT = (
-    "The loss is not twice differentiable here, or overflowed; with a Metric, the conjugate-gradient solves "
-    "may have failed (not positive definite, or not converged within maxiter): add damping or raise maxiter."
-)
-
-
 def _probe_values(
     f: Callable[[PyTree], jax.Array],
     params: PyTree,
@@ -520,13 +472,6 @@ def _probe_values(
         )
 
     return jax.vmap(one)(probes) if batched == "vmap" else jax.lax.map(one, probes)
-
-
-def _diagnose_cg(result: jax.Array, metric: MetricArg, params: PyTree, key: jax.Array, tol: float, maxiter: Any) -> None:
-    """After a non-finite compiled result with a Metric: one eager solve, which raises CG's precise error."""
-    if isinstance(metric, Metric) and is_concrete(result) and not bool(jnp.all(jnp.isfinite(result))):
-        probe = jax.tree_util.tree_map(lambda a: a[0], rademacher_like(key, params, 1))
-        _metric_inverse(metric, params, tol, maxiter)(probe)
 
 
 _compiled_probe_values = jit_per_callable(_probe_values, static_argnames=("num_probes", "batched", "tol", "maxiter"))

@@ -32,7 +32,8 @@ from ._linalg import check_damping, lanczos_tridiagonal_offloaded
 from ._eigen import ResumableBlockLanczos, certified_top_eigenvalues, validate_k
 from ._estimators import check_slq_positive, mean_and_standard_error, rademacher_like, slq_breakdown_tol, slq_quadrature
 from ._tree import PyTree, ravel, tree_size
-from .curvature import _CG_HINT, MetricArg, _diagnose_cg, _metric_inverse, hvp
+from ._inverse import _CG_HINT, MetricArg, _diagnose_cg, _metric_inverse
+from .curvature import hvp
 from .metrics import Likelihood, Metric, empirical_fisher, fisher, ggn
 
 __all__ = [

@@ -1,4 +1,4 @@
-r"""Built-in reparametrizations (floor 2, chapter 1).
+r"""Built-in reparametrizations (floor 3, chapter 1).
 
 Each factory returns a :class:`~minigeo.Reparametrization`
 :math:`\varphi: \theta \mapsto \psi` with its inverse and a description of the

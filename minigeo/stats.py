@@ -5,6 +5,7 @@ models is a noisy statistic: with :math:`n` unrelated rankings its standard devi
 :math:`\sqrt{2(2n+5)/(9n(n-1))}` (0.10 at :math:`n = 50`, 0.19 at :math:`n = 16`).  A value is a
 result only beside its own error and beside a simple baseline.  This module gives both:
 
+* :func:`kendall_tau`: the point estimate :math:`\tau_b` alone (``scipy.stats.kendalltau``);
 * :func:`kendall_tau_ci`: :math:`\tau_b` with a paired-bootstrap percentile confidence interval
   (resampling models, i.e. rows :math:`(x_i, y_i)`) and a two-sided permutation p-value
   (shuffling :math:`y` against :math:`x`);
@@ -12,8 +13,8 @@ result only beside its own error and beside a simple baseline.  This module give
   :math:`\tau(a, y) - \tau(b, y)`, the question "does measure :math:`a` rank better than :math:`b`
   on *these* models?", with both taus computed on the same resamples.
 
-Both are plain NumPy (host-side statistics of a handful of numbers), vectorized over resamples,
-deterministic given ``seed``, and agree with ``scipy.stats.kendalltau`` on the point estimate.
+The interval functions are plain NumPy (host-side statistics of a handful of numbers), vectorized
+over resamples, deterministic given ``seed``, and agree with ``scipy.stats.kendalltau`` on the point estimate.
 """
 
 from __future__ import annotations
@@ -24,7 +25,47 @@ import numpy as np
 
 from ._checks import GeometryError
 
-__all__ = ["RankCorrelation", "kendall_tau_ci", "kendall_tau_difference_ci"]
+__all__ = ["kendall_tau", "RankCorrelation", "kendall_tau_ci", "kendall_tau_difference_ci"]
+
+
+def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
+    r"""Kendall's rank correlation :math:`\tau_b` of two sequences (``scipy.stats.kendalltau``).
+
+    .. math:: \tau = \frac{2}{M(M-1)}\sum_{i<j}\operatorname{sign}(x_i - x_j)\operatorname{sign}(y_i - y_j)\quad\text{(without ties; } \tau_b \text{ corrects for ties)}
+
+    Parameters
+    ----------
+    x, y : sequence of float
+        Paired values, e.g. sharpness and generalization gap of :math:`M` models.
+
+    Returns
+    -------
+    float
+        :math:`\tau_b \in [-1, 1]`.
+
+    Raises
+    ------
+    GeometryError
+        If the lengths differ or are below 2.
+
+    Examples
+    --------
+    >>> import minigeo as mg
+    >>> round(mg.kendall_tau([1, 2, 3, 4], [10, 20, 40, 30]), 6)
+    0.666667
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 5 (Kendall's tau, first display). Chapters 6 and 7.
+    """
+    from scipy.stats import kendalltau
+
+    x, y = list(map(float, x)), list(map(float, y))
+    if len(x) != len(y) or len(x) < 2:
+        raise GeometryError(
+            f"kendall_tau needs two sequences of the same length >= 2; got lengths {len(x)} and {len(y)}."
+        )
+    return float(kendalltau(x, y).statistic)
 
 
 class RankCorrelation(NamedTuple):
