@@ -47,7 +47,7 @@ from ._checks import (
     is_concrete,
     is_matrix as _is_matrix,
 )
-from ._linalg import SolveInfo, _is_zero, check_damping, check_solver_options, solve_spd_cg, solve_spd_dense
+from ._linalg import _is_zero, check_damping, check_solver_options, solve_spd_cg, solve_spd_dense
 from ._metric import Metric
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
 

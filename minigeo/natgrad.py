@@ -19,7 +19,7 @@ For network-sized parameter pytrees, :func:`natural_gradient` solves
 
 from __future__ import annotations
 
-from typing import Any, Callable, NamedTuple, Union
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
