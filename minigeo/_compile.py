@@ -52,7 +52,7 @@ from jax._src import core as _core  # eval_jaxpr (the public jax.core alias is d
 
 __all__ = ["jit_per_callable", "one_trace_per_call"]
 
-_CACHE_SIZE = 64  # compiled programs kept per wrapped function (least recently used dropped)
+_CACHE_SIZE = 16  # compiled programs kept per wrapped function (least recently used dropped)
 
 _TRACE_ERRORS = (
     jax.errors.ConcretizationTypeError,
