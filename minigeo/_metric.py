@@ -65,6 +65,11 @@ class Metric:
         ``True`` (default): eager :meth:`mv` calls are traced afresh and compiled once per traced
         program (see *Compilation* below).  ``False``: run ``mv_fn`` op by op, for product
         functions whose value checks need concrete arrays (:func:`diagonal`, :func:`dense`).
+    diagonal_fn : callable, optional
+        A structure tag (as lineax's): ``params -> w``, the positive diagonal of :math:`G(\theta)`
+        as a pytree like the parameters, when the metric is diagonal (:func:`diagonal`,
+        :func:`euclidean`).  Solves with :math:`G + \lambda I` are then exact and elementwise,
+        :math:`v / (w + \lambda)`, instead of conjugate gradients.
 
     Raises
     ------
@@ -115,6 +120,8 @@ class Metric:
     name: str = "metric"
     damping: float = 0.0
     compiled: bool = True
+    diagonal_fn: Callable[[PyTree], PyTree] | None = None
+    matrix_fn: Callable[[PyTree], jax.Array] | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.mv_fn):
@@ -176,7 +183,7 @@ class Metric:
         Returns
         -------
         callable
-            ``v -> self.mv(params, v)`` (a ``MetricLike``).
+            ``v -> self.mv(params, v)`` (a linear map at one point, as the rules of :mod:`minigeo.coords` take it).
 
         Examples
         --------
@@ -260,7 +267,7 @@ class Metric:
         ----------
         No formula from the source papers (damping is a numerical device). Chapters 2 and 3.
         """
-        return Metric(self.mv_fn, self.name, damping, self.compiled)
+        return Metric(self.mv_fn, self.name, damping, self.compiled, self.diagonal_fn, self.matrix_fn)
 
     def dense(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
         r"""The dense ``d x d`` matrix over the flattened parameters (``ravel_pytree`` order).
@@ -304,6 +311,8 @@ class Metric:
         params = as_float_point(params, "params")
         check_dense_size(tree_size(params), max_size, f"The {self.name} metric")
         check_finite(params, "params")
+        if self.matrix_fn is not None:  # a dense metric: its own matrix, not d products
+            return _matrix_field(self)(params)
         return _dense_matrix(self, params)
 
     def solve(
@@ -436,13 +445,16 @@ class Metric:
         )
 
 
-def _metric_flatten(metric: Metric) -> tuple[tuple[Any], tuple[Any, str, bool]]:
-    return (metric.damping,), (metric.mv_fn, metric.name, metric.compiled)
+_STATIC_FIELDS = ("mv_fn", "name", "compiled", "diagonal_fn", "matrix_fn")
 
 
-def _metric_unflatten(aux: tuple[Any, str, bool], children: tuple[Any]) -> Metric:
+def _metric_flatten(metric: Metric) -> tuple[tuple[Any], tuple[Any, ...]]:
+    return (metric.damping,), tuple(getattr(metric, name) for name in _STATIC_FIELDS)
+
+
+def _metric_unflatten(aux: tuple[Any, ...], children: tuple[Any]) -> Metric:
     metric = object.__new__(Metric)  # no validation: jax rebuilds metrics with tracers or placeholders
-    for name, value in zip(("mv_fn", "name", "compiled", "damping"), (*aux, children[0])):
+    for name, value in zip((*_STATIC_FIELDS, "damping"), (*aux, children[0])):
         object.__setattr__(metric, name, value)
     return metric
 
@@ -496,7 +508,7 @@ def euclidean() -> Metric:
     Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (gradient descent implicitly assumes :math:`G = I`).
     Chapters 1 and 2.
     """
-    return Metric(lambda params, v: v, "euclidean")
+    return Metric(lambda params, v: v, "euclidean", diagonal_fn=lambda params: jax.tree_util.tree_map(jnp.ones_like, params))
 
 
 def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
@@ -531,9 +543,11 @@ def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
     ----------
     Kristiadi, Dangel & Hennig (2023), Sec. 4.1 (diagonal preconditioners such as Adam's). Chapter 2.
     """
+    if not callable(weights):
+        weights = jax.tree_util.tree_map(jnp.asarray, weights)
     weight_fn = weights if callable(weights) else (lambda params: weights)
 
-    def mv(params: PyTree, v: PyTree) -> PyTree:
+    def checked_weights(params: PyTree) -> PyTree:
         w = weight_fn(params)
         check_same_structure(params, w, "the diagonal weights", "params")
         if is_concrete(w):
@@ -544,20 +558,24 @@ def diagonal(weights: Union[PyTree, Callable[[PyTree], PyTree]]) -> Metric:
                     f"diagonal metric: {bad} weight(s) are <= 0, so the metric is not positive definite. "
                     "Use positive weights, or add damping (metric.with_damping(1e-3))."
                 )
-        return jax.tree_util.tree_map(lambda a, b: a * b, w, v)
+        return w
 
-    return Metric(mv, "diagonal", compiled=False)
+    def mv(params: PyTree, v: PyTree) -> PyTree:
+        return jax.tree_util.tree_map(lambda a, b: a * b, checked_weights(params), v)
+
+    return Metric(mv, "diagonal", compiled=False, diagonal_fn=checked_weights)
 
 
-def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
+def dense(matrix_fn: Union[jax.Array, np.ndarray, Callable[[PyTree], jax.Array]]) -> Metric:
     r"""A metric given by a dense matrix field over the flattened parameters.
 
     .. math:: v \mapsto G(\theta)\,v,\qquad G(\theta) \in \mathbb R^{d\times d}.
 
     Parameters
     ----------
-    matrix_fn : callable
-        ``params -> G(params)``, a symmetric ``(d, d)`` matrix, ``d`` the number of parameters.
+    matrix_fn : callable or array
+        ``params -> G(params)``, a symmetric ``(d, d)`` matrix, ``d`` the number of parameters; or
+        one such matrix, the constant field.
 
     Returns
     -------
@@ -584,20 +602,37 @@ def dense(matrix_fn: Callable[[PyTree], jax.Array]) -> Metric:
     Kristiadi, Dangel & Hennig (2023), Sec. 2.2 (a metric as a positive-definite matrix field). Chapter 2.
     """
 
-    def mv(params: PyTree, v: PyTree) -> PyTree:
+    if not callable(matrix_fn):
+        if not is_matrix(matrix_fn):
+            raise GeometryError(
+                f"dense metric: needs a square matrix or a function params -> matrix; got {type(matrix_fn).__name__}. "
+                + HOW_TO_MAKE_A_METRIC
+            )
+        constant = jnp.asarray(as_array(matrix_fn))
+        if constant.ndim != 2 or constant.shape[0] != constant.shape[1]:
+            raise GeometryError(f"dense metric: a matrix metric must be square, got shape {constant.shape}.")
+        check_finite(constant, "dense metric: the matrix")
+        check_symmetric(constant, "dense metric: the matrix")
+        matrix_fn = lambda params: constant
+
+    def checked_matrix(params: PyTree) -> jax.Array:
         matrix = matrix_fn(params)
         size = tree_size(params)
         if jnp.shape(matrix) != (size, size):
             raise GeometryError(
-                f"dense metric: matrix_fn returned shape {jnp.shape(matrix)}, but the parameters have {size} "
-                f"coordinates, so a {size}x{size} matrix is needed."
+                f"dense metric: the matrix has shape {jnp.shape(matrix)}, but the parameters have {size} "
+                f"coordinates, so a {size}x{size} matrix is needed (positive weights shaped like the "
+                "parameters are a diagonal metric: mg.metrics.diagonal(w))."
             )
         check_finite(matrix, "dense metric: matrix_fn(params)")
         check_symmetric(matrix, "dense metric: matrix_fn(params)")
-        flat_v, unravel = ravel(v)
-        return unravel(matrix @ flat_v)
+        return matrix
 
-    return Metric(mv, "dense", compiled=False)
+    def mv(params: PyTree, v: PyTree) -> PyTree:
+        flat_v, unravel = ravel(v)
+        return unravel(checked_matrix(params) @ flat_v)
+
+    return Metric(mv, "dense", compiled=False, matrix_fn=checked_matrix)
 
 
 _KINDS = ("matrix_field", "product", "operator")
@@ -668,12 +703,7 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
     if obj is None:
         return euclidean()
     if is_matrix(obj):
-        matrix = jnp.asarray(as_array(obj))
-        if matrix.ndim != 2 or matrix.shape[0] != matrix.shape[1]:
-            raise GeometryError(f"as_metric: a matrix metric must be square, got shape {matrix.shape}.")
-        check_finite(matrix, "as_metric: the matrix")
-        check_symmetric(matrix, "as_metric: the matrix")
-        return dense(lambda params: matrix)
+        return dense(obj)
     if callable(obj):
         if kind == "matrix_field":
             return dense(obj)
@@ -691,17 +721,43 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
     )
 
 
-#: A metric field as the dense-coordinate functions of chapters 3 to 5 take it (Christoffel symbols,
-#: Riemannian Hessian, Gram matrix, volume element, Laplace evidence): ``None`` (Euclidean), a
-#: :class:`Metric` (its dense matrix at each point), a constant square matrix, or ``x -> G(x)``.
-MetricField = Union[None, Metric, jax.Array, np.ndarray, Callable[[jax.Array], jax.Array]]
+#: How to turn other objects into a :class:`Metric` (the hint of every error about a ``metric=``).
+HOW_TO_MAKE_A_METRIC = (
+    "Pass a Metric, or None for the Euclidean metric: mg.dense_metric(lambda x: G(x)) for a matrix field, "
+    "mg.dense_metric(M) (or M itself) for a constant square matrix, mg.metrics.diagonal(w) for positive "
+    "weights shaped like the parameters, mg.Metric(lambda params, v: ...) for a product function, "
+    "mg.as_metric(op, kind='operator') for a product v -> G v at one point."
+)
 
 
-def _matrix_field(metric: MetricField) -> Callable[[jax.Array], jax.Array] | None:
-    """``x -> G(x)`` (or ``None``) for the dense-coordinate routines; see :data:`MetricField`."""
-    if isinstance(metric, Metric):
+def metric_field(metric: Any, who: str) -> Metric | None:
+    """The one reading of every ``metric=`` argument: a :class:`Metric`, ``None``, or a constant square matrix.
+
+    Anything else (a callable, a pytree of weights) raises, naming the explicit constructor: a bare
+    callable would be ambiguous (``x -> G(x)`` or ``v -> G v``), a bare pytree a guess (diagonal).
+    """
+    if metric is None or isinstance(metric, Metric):
+        return metric
+    if is_matrix(metric) and jnp.ndim(metric) == 2 and jnp.shape(metric)[0] == jnp.shape(metric)[1]:
+        return as_metric(metric)
+    if callable(metric):
+        kind = "a callable"
+    elif hasattr(metric, "shape") and hasattr(metric, "dtype"):
+        kind = f"an array of shape {tuple(jnp.shape(metric))} (not a square matrix)"
+    else:
+        kind = f"a {type(metric).__name__}"
+    raise GeometryError(f"{who}: metric= got {kind}, which minigeo does not guess the meaning of. {HOW_TO_MAKE_A_METRIC}")
+
+
+def _matrix_field(metric: Metric | None) -> Callable[[jax.Array], jax.Array] | None:
+    """``x -> G(x) + damping I`` (or ``None``) for the dense-coordinate routines (the argument read by :func:`metric_field`).
+
+    A dense metric's own matrix function (its structure tag), else the matrix built from products.
+    """
+    if metric is None:
+        return None
+    if metric.matrix_fn is None:
         return lambda x: metric.dense(x)
-    if is_matrix(metric):
-        matrix = jnp.asarray(as_array(metric))
-        return lambda x: matrix
-    return metric
+    if _is_zero(metric.damping):
+        return metric.matrix_fn
+    return lambda x: metric.matrix_fn(x) + metric.damping * jnp.eye(tree_size(x), dtype=ravel(x)[0].dtype)

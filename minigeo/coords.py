@@ -48,12 +48,11 @@ from ._checks import (
     is_matrix as _is_matrix,
 )
 from ._linalg import _is_zero, check_damping, check_solver_options, solve_spd_cg, solve_spd_dense
-from ._metric import Metric
+from ._metric import Metric, _matrix_field, dense, metric_field
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
 
 __all__ = [
     "Reparametrization",
-    "MetricLike",
     "transform_function",
     "transform_vector",
     "transform_covector",
@@ -69,12 +68,13 @@ __all__ = [
     "sharp",
 ]
 
-#: What a metric (or any symmetric bilinear form) argument of the transformation rules accepts: a
-#: dense ``(d, d)`` matrix over the flattened parameters, a matrix-free product ``v -> G v`` on pytrees,
-#: or a :class:`~minigeo.Metric` field, which the rules evaluate at their point (``theta``, or the
-#: ``at=`` of :func:`inner`, :func:`flat` and :func:`sharp`).  Kristiadi, Dangel & Hennig (2023),
-#: Sec. 2.2.  Taught in chapters 1 and 2.
-MetricLike = Union[jax.Array, np.ndarray, Callable[[PyTree], PyTree], Metric]
+#: A tensor at one point, as the pointwise rules take it (a metric, bilinear form or endomorphism at
+#: ``theta``, or at the ``at=`` of :func:`inner`, :func:`flat` and :func:`sharp`): a dense ``(d, d)``
+#: matrix over the flattened parameters, a linear map ``v -> T v`` on pytrees at that point (the one
+#: meaning of a bare callable anywhere in minigeo; metric *fields* are :class:`~minigeo.Metric`
+#: objects), or a :class:`~minigeo.Metric` field, evaluated at the point.  Kristiadi, Dangel &
+#: Hennig (2023), Sec. 2.2.  Taught in chapters 1 and 2.
+TensorAtPoint = Union[jax.Array, np.ndarray, Callable[[PyTree], PyTree], Metric]
 
 Predicate = Callable[[PyTree], Any]
 
@@ -279,19 +279,19 @@ def _apply_dense(matrix: jax.Array, v: PyTree) -> PyTree:
     return unravel(matrix @ flat_v)
 
 
-def _at_point(G: MetricLike, at: PyTree | None, who: str) -> MetricLike:
+def _at_point(G: TensorAtPoint, at: PyTree | None, who: str) -> TensorAtPoint:
     """A :class:`Metric` field evaluated at the point ``at`` (its operator ``v -> G(at) v``); other forms as given."""
     if not isinstance(G, Metric):
         return G
     if at is None:
         raise GeometryError(
-            f"{who}: G is a Metric, a field theta -> G(theta); say at which point to evaluate it: "
-            f"{who}(G, ..., at=params)."
+            f"{who}: the metric is a Metric, a field theta -> G(theta); say at which point to evaluate it: "
+            f"{who}(metric, ..., at=params)."
         )
     return G.at(at)
 
 
-def _as_operator(obj: MetricLike, point: PyTree, what: str) -> Callable[[PyTree], PyTree]:
+def _as_operator(obj: TensorAtPoint, point: PyTree, what: str) -> Callable[[PyTree], PyTree]:
     """``v -> G v`` for a dense matrix (checked: square, finite, symmetric) or a callable."""
     if _is_matrix(obj):
         obj = _as_array(obj)
@@ -455,7 +455,7 @@ def transform_covector(phi: Reparametrization, theta: PyTree, omega: PyTree) -> 
     return out
 
 
-def _transform_two_form(phi: Reparametrization, theta: PyTree, form: MetricLike, what: str) -> MetricLike:
+def _transform_two_form(phi: Reparametrization, theta: PyTree, form: TensorAtPoint, what: str) -> TensorAtPoint:
     form = _at_point(form, theta, "transform")
     psi = phi.forward(theta)
     if _is_matrix(form):
@@ -477,7 +477,7 @@ def _transform_two_form(phi: Reparametrization, theta: PyTree, form: MetricLike,
     return transformed
 
 
-def transform_metric(phi: Reparametrization, theta: PyTree, G: MetricLike) -> MetricLike:
+def transform_metric(phi: Reparametrization, theta: PyTree, metric: TensorAtPoint) -> TensorAtPoint:
     r"""Transform a metric: :math:`\hat G = J^{-\top} G\, J^{-1}` (Kristiadi et al. 2023, rule (d)).
 
     .. math:: \hat G(\psi) = J^{-1}(\psi)^\top\, G(\theta)\, J^{-1}(\psi),\qquad \theta = \varphi^{-1}(\psi).
@@ -488,9 +488,9 @@ def transform_metric(phi: Reparametrization, theta: PyTree, G: MetricLike) -> Me
         The reparametrization :math:`\varphi`.
     theta : array or pytree
         The point, in θ-coordinates.
-    G : array, callable or :class:`~minigeo.Metric`
+    metric : array, callable or :class:`~minigeo.Metric`
         The metric at ``theta``: a dense symmetric positive-definite ``d x d`` matrix
-        (flattened coordinates), a matrix-free callable ``v -> G v``, or a :class:`~minigeo.Metric`
+        (flattened coordinates), a linear map ``v -> G v`` at ``theta``, or a :class:`~minigeo.Metric`
         field (evaluated at ``theta``; for the whole field in ψ-coordinates use
         :func:`transform_metric_field`).
 
@@ -519,13 +519,13 @@ def transform_metric(phi: Reparametrization, theta: PyTree, G: MetricLike) -> Me
     Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (d). Taught in chapters 1, *Vectors vs
     covectors* and 2, *Pullback metrics*.
     """
-    if _is_matrix(G):
-        check_square_matrix(G, tree_size(theta), "the metric G")
-        check_spd(G, "the metric G")
-    return _transform_two_form(phi, theta, G, "the metric G")
+    if _is_matrix(metric):
+        check_square_matrix(metric, tree_size(theta), "the metric G")
+        check_spd(metric, "the metric G")
+    return _transform_two_form(phi, theta, metric, "the metric G")
 
 
-def transform_bilinear(phi: Reparametrization, theta: PyTree, B: MetricLike) -> MetricLike:
+def transform_bilinear(phi: Reparametrization, theta: PyTree, B: TensorAtPoint) -> TensorAtPoint:
     r"""Transform a bilinear form (e.g. a Hessian at a critical point): :math:`\hat B = J^{-\top} B J^{-1}`.
 
     .. math:: \hat B(\psi) = J^{-1}(\psi)^\top\, B(\theta)\, J^{-1}(\psi).
@@ -569,7 +569,7 @@ def transform_bilinear(phi: Reparametrization, theta: PyTree, B: MetricLike) -> 
     return _transform_two_form(phi, theta, B, "the bilinear form B")
 
 
-def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike) -> MetricLike:
+def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: TensorAtPoint) -> TensorAtPoint:
     r"""Transform a (1,1)-tensor such as :math:`E = G^{-1}H`: :math:`\hat E = J E J^{-1}` (Kristiadi et al. 2023, eq. 6).
 
     .. math:: \hat E(\psi) = J(\theta)\, E(\theta)\, J^{-1}(\psi),\qquad \theta = \varphi^{-1}(\psi).
@@ -632,9 +632,7 @@ def transform_endomorphism(phi: Reparametrization, theta: PyTree, E: MetricLike)
     return transformed
 
 
-def transform_metric_field(
-    phi: Reparametrization, metric_fn: Callable[[PyTree], jax.Array] | Metric
-) -> Callable[[PyTree], jax.Array] | Metric:
+def transform_metric_field(phi: Reparametrization, metric: Metric | jax.Array | None) -> Metric:
     r"""A metric field in ψ-coordinates: :math:`\hat G(\psi) = J^{-\top} G(\varphi^{-1}(\psi)) J^{-1}`.
 
     .. math:: \hat G(\psi) = J^{-1}(\psi)^\top\, G(\varphi^{-1}(\psi))\, J^{-1}(\psi).
@@ -645,34 +643,32 @@ def transform_metric_field(
     ----------
     phi : :class:`~minigeo.Reparametrization`
         The reparametrization :math:`\varphi`.
-    metric_fn : callable or :class:`~minigeo.Metric`
-        Maps a θ-point to its dense metric (flattened coordinates); or a :class:`~minigeo.Metric`.
+    metric : :class:`~minigeo.Metric`, array or None
+        The metric field in θ-coordinates: a :class:`~minigeo.Metric` (e.g.
+        ``mg.dense_metric(lambda t: G(t))``), a constant square matrix, or ``None`` (Euclidean).
 
     Returns
     -------
-    callable or :class:`~minigeo.Metric`
-        For a callable: maps a ψ-point to the transformed dense metric.  For a
-        :class:`~minigeo.Metric`: the :class:`~minigeo.Metric` on ψ-coordinates, matrix-free,
+    :class:`~minigeo.Metric`
+        The field on ψ-coordinates.  For a dense metric (:func:`~minigeo.dense_metric`, a matrix,
+        ``None``) a dense metric whose matrix is :math:`J^{-\top}(G(\theta) + \lambda I)J^{-1}`,
+        with :math:`J^{-1}` by forward-mode autodiff of :math:`\varphi^{-1}`; otherwise matrix-free,
         ``mv(psi, u)`` :math:`= J^{-\top}(G(\theta) + \lambda I)J^{-1}u` by one ``jvp`` and one
-        ``vjp`` through :math:`\varphi^{-1}` (the damping :math:`\lambda I` of ``metric_fn`` is
-        transformed with it; the new metric's own damping is 0).
+        ``vjp`` through :math:`\varphi^{-1}`.  The damping :math:`\lambda I` of ``metric`` is
+        transformed with it; the new metric's own damping is 0.
 
     Raises
     ------
     GeometryError
-        When the returned function is called at a ψ-point outside the codomain or where
-        :math:`\varphi^{-1}` is not finite.
+        If ``metric`` is not a :class:`~minigeo.Metric`, a square matrix or ``None``; when the
+        result is evaluated at a ψ-point outside the codomain or where :math:`\varphi^{-1}` is not finite.
 
     Examples
     --------
     >>> import jax.numpy as jnp
-    >>> from minigeo import reparam, transform_metric_field
-    >>> G_polar = transform_metric_field(reparam.polar(), lambda t: jnp.eye(2))
-    >>> G_polar(jnp.array([2.0, 0.3])).round(6)  # diag(1, r^2)
-    Array([[1., 0.],
-           [0., 4.]], dtype=float32)
     >>> import minigeo as mg
-    >>> mg.transform_metric_field(reparam.polar(), mg.euclidean()).dense(jnp.array([2.0, 0.3])).round(6)
+    >>> G_polar = mg.transform_metric_field(mg.reparam.polar(), None)   # the Euclidean plane in (r, angle)
+    >>> G_polar.dense(jnp.array([2.0, 0.3])).round(6)                  # diag(1, r^2)
     Array([[1., 0.],
            [0., 4.]], dtype=float32)
 
@@ -681,16 +677,22 @@ def transform_metric_field(
     Kristiadi, Dangel & Hennig (2023), Sec. 2.2, rule (d), applied at every point; Sec. 3.4. Taught
     in chapter 2, *Pullback metrics*.
     """
-    if isinstance(metric_fn, Metric):
-        return _transformed_metric(phi, metric_fn)
+    metric = metric_field(metric, "transform_metric_field")
+    if metric is not None and metric.matrix_fn is None:
+        return _transformed_metric(phi, metric)
+    matrix_at = _matrix_field(metric)
 
     def field(psi: PyTree) -> jax.Array:
         theta = phi.inverse(psi)
         flat_psi, unravel_psi = ravel(psi)
         jinv = jax.jacfwd(lambda f: ravel(phi._inverse(unravel_psi(f)))[0])(flat_psi)
-        return jinv.T @ metric_fn(theta) @ jinv
+        if matrix_at is None:
+            return jinv.T @ jinv
+        return jinv.T @ matrix_at(theta) @ jinv
 
-    return field
+    transformed = dense(field)
+    name = "euclidean" if metric is None else metric.name
+    return Metric(transformed.mv_fn, f"{name} in {phi.name} coordinates", compiled=False, matrix_fn=transformed.matrix_fn)
 
 
 def _transformed_metric(phi: Reparametrization, metric: Metric) -> Metric:
@@ -834,16 +836,16 @@ def pair(omega: PyTree, v: PyTree) -> jax.Array:
     return tree_vdot(omega, v)
 
 
-def inner(G: MetricLike, u: PyTree, v: PyTree, *, at: PyTree | None = None) -> jax.Array:
+def inner(metric: TensorAtPoint, u: PyTree, v: PyTree, *, at: PyTree | None = None) -> jax.Array:
     r"""The inner product :math:`\langle u, v\rangle_G = u^\top G v` of two vectors under a metric.
 
     .. math:: \langle u, v\rangle_G = u^\top G\, v.
 
     Parameters
     ----------
-    G : array, callable or :class:`~minigeo.Metric`
-        The metric: a dense symmetric ``d x d`` matrix over the flattened coordinates, a
-        callable ``v -> G v``, or a :class:`~minigeo.Metric` field evaluated at ``at``.
+    metric : array, callable or :class:`~minigeo.Metric`
+        The metric at one point: a dense symmetric ``d x d`` matrix over the flattened coordinates,
+        a linear map ``v -> G v`` at that point, or a :class:`~minigeo.Metric` field evaluated at ``at``.
     u, v : array or pytree
         The two vectors, of the same structure (a list of numbers is converted to an array).
     at : pytree, optional
@@ -879,20 +881,20 @@ def inner(G: MetricLike, u: PyTree, v: PyTree, *, at: PyTree | None = None) -> j
     """
     u, v = _as_array(u), _as_array(v)
     check_same_structure(u, v, "the vector v", "the vector u")
-    return tree_vdot(u, flat(_at_point(G, at, "inner"), v))
+    return tree_vdot(u, flat(_at_point(metric, at, "inner"), v))
 
 
-def flat(G: MetricLike, v: PyTree, *, at: PyTree | None = None) -> PyTree:
+def flat(metric: TensorAtPoint, v: PyTree, *, at: PyTree | None = None) -> PyTree:
     r"""Lower an index, :math:`v^\flat = G v`: the covector :math:`\langle v, \cdot\rangle_G`.
 
     .. math:: v^\flat = G\,v,\qquad v^\flat(u) = \langle v, u\rangle_G.
 
     Parameters
     ----------
-    G : array, callable or :class:`~minigeo.Metric`
-        A dense matrix over the flattened coordinates of ``v`` (an array or a nested list; it must
-        be symmetric to round-off), a callable ``v -> G v``, or a :class:`~minigeo.Metric` field
-        evaluated at ``at``.
+    metric : array, callable or :class:`~minigeo.Metric`
+        The metric at one point: a dense matrix over the flattened coordinates of ``v`` (an array
+        or a nested list; it must be symmetric to round-off), a linear map ``v -> G v`` at that
+        point, or a :class:`~minigeo.Metric` field evaluated at ``at``.
     v : array or pytree
         The vector (a list of numbers is converted to an array).
     at : pytree, optional
@@ -924,13 +926,13 @@ def flat(G: MetricLike, v: PyTree, *, at: PyTree | None = None) -> PyTree:
     """
     v = _as_array(v)
     check_finite(v, "the vector v")
-    out = _as_operator(_at_point(G, at, "flat"), v, "the metric G")(v)
+    out = _as_operator(_at_point(metric, at, "flat"), v, "the metric G")(v)
     check_same_structure(v, out, "G v", "the vector v")
     return out
 
 
 def sharp(
-    G: MetricLike,
+    metric: TensorAtPoint,
     omega: PyTree,
     *,
     damping: Any = 0.0,
@@ -948,11 +950,11 @@ def sharp(
 
     Parameters
     ----------
-    G : array, callable or :class:`~minigeo.Metric`
-        Dense symmetric positive-definite matrix (solved by Cholesky; its
+    metric : array, callable or :class:`~minigeo.Metric`
+        The metric at one point: a dense symmetric positive-definite matrix (solved by Cholesky; its
         symmetry and positive definiteness are checked eagerly, by its eigenvalues, and under
         ``jit`` by a symmetry test and the Cholesky pivots, reported in the status),
-        a callable ``v -> G v`` (solved by conjugate gradients, with a
+        a linear map ``v -> G v`` at that point (solved by conjugate gradients, with a
         convergence check and a curvature check :math:`p^\top G p > 0` at every step),
         or a :class:`~minigeo.Metric` field evaluated at ``at`` (solved by
         :meth:`Metric.solve <minigeo.Metric.solve>` with ``method="cg"``, with the metric's own
@@ -1008,6 +1010,7 @@ def sharp(
     check_solver_options(tol, maxiter, "sharp")
     omega = _as_array(omega)
     check_finite(omega, "the covector omega")
+    G = metric
     if isinstance(G, Metric):
         _at_point(G, at, "sharp")  # raises when the point is missing
         check_damping(damping)

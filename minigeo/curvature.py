@@ -35,11 +35,9 @@ from ._checks import (
     symmetry_rtol,
 )
 from ._compile import jit_per_callable, one_trace_per_call
-from ._eigen import ResumableBlockLanczos, block_lanczos, certified_top_eigenvalues, default_num_products, validate_k
-from ._estimators import mean_and_standard_error, rademacher_like
-from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
-from ._metric import Metric, MetricField, _matrix_field
-from ._inverse import _CG_HINT, MetricArg, _compilable, _diagnose_cg, _metric_inverse
+from ._spectral import Products, certified_top, fixed_block_lanczos, hutchinson_trace
+from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel
+from ._metric import Metric, _matrix_field, metric_field
 
 __all__ = [
     "hvp",
@@ -151,13 +149,13 @@ def hessian(
     return H
 
 
-def _metric_at(metric_fn: MetricField, x: jax.Array) -> jax.Array:
+def _metric_at(metric: Metric | None, x: jax.Array) -> jax.Array:
     d = x.shape[0]
-    metric_fn = _matrix_field(metric_fn)
+    metric_fn = _matrix_field(metric)
     if metric_fn is None:
         return jnp.eye(d, dtype=x.dtype)
     G = metric_fn(x)
-    check_square_matrix(G, d, "metric_fn(x)")
+    check_square_matrix(G, d, "the metric at x")
     check_spd(G, "the metric", rtol=symmetry_rtol(G))
     return G
 
@@ -169,7 +167,7 @@ def _check_coords(x: jax.Array, who: str) -> None:
         )
 
 
-def christoffel_symbols(metric_fn: MetricField, x: jax.Array) -> jax.Array:
+def christoffel_symbols(metric: Metric | jax.Array | None, x: jax.Array) -> jax.Array:
     r"""Christoffel symbols of the Levi-Civita connection of a metric field, indexed ``[k, i, j]``.
 
     .. math:: \Gamma^k_{ij} = \tfrac12 G^{kl}\big(\partial_i G_{lj} + \partial_j G_{li} - \partial_l G_{ij}\big),
@@ -178,9 +176,10 @@ def christoffel_symbols(metric_fn: MetricField, x: jax.Array) -> jax.Array:
 
     Parameters
     ----------
-    metric_fn : callable, array or :class:`~minigeo.Metric`
-        ``x -> G(x)``, the dense ``(d, d)`` metric at the coordinates ``x``; a
-        :class:`~minigeo.Metric`; or a constant matrix (see :data:`~minigeo.MetricField`).
+    metric : :class:`~minigeo.Metric`, array or None
+        The metric field, e.g. ``mg.dense_metric(lambda x: G(x))`` with ``G(x)`` the dense
+        ``(d, d)`` metric at the coordinates ``x``; a constant square matrix; ``None`` (Euclidean:
+        all symbols 0).
     x : array
         The 1-D coordinates, of shape ``(d,)``.
 
@@ -199,7 +198,7 @@ def christoffel_symbols(metric_fn: MetricField, x: jax.Array) -> jax.Array:
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> polar = lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2]))   # Euclidean metric in (r, angle)
+    >>> polar = mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])))   # Euclidean, in (r, angle)
     >>> Gamma = mg.christoffel_symbols(polar, jnp.array([2.0, 0.3]))
     >>> float(Gamma[0, 1, 1]), float(Gamma[1, 0, 1])              # -r and 1/r
     (-2.0, 0.5)
@@ -210,8 +209,11 @@ def christoffel_symbols(metric_fn: MetricField, x: jax.Array) -> jax.Array:
     *The Invariance of the Hessian* (blog post). Chapter 4.
     """
     _check_coords(x, "christoffel_symbols")
-    metric_fn = _matrix_field(metric_fn)
-    G = _metric_at(metric_fn, x)
+    metric = metric_field(metric, "christoffel_symbols")
+    if metric is None:  # the Euclidean metric of these coordinates: constant, so every symbol is 0
+        return jnp.zeros((x.shape[0],) * 3, dtype=x.dtype)
+    metric_fn = _matrix_field(metric)
+    G = _metric_at(metric, x)
     d = x.shape[0]
     dG = jax.jacfwd(metric_fn)(x)  # dG[a, b, c] = d_c G_ab
     # A[l, i, j] = d_i G_lj + d_j G_li - d_l G_ij = dG[l, j, i] + dG[l, i, j] - dG[i, j, l]
@@ -222,7 +224,7 @@ def christoffel_symbols(metric_fn: MetricField, x: jax.Array) -> jax.Array:
     return Gamma
 
 
-def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricField, x: jax.Array) -> jax.Array:
+def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric: Metric | jax.Array | None, x: jax.Array) -> jax.Array:
     r"""The Riemannian Hessian of ``f`` as a bilinear form in the coordinates ``x``.
 
     .. math:: H_{ij} = \partial_i\partial_j f - \Gamma^k_{ij}\,\partial_k f.
@@ -234,9 +236,9 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFie
     ----------
     f : callable
         The scalar function of the 1-D coordinates.
-    metric_fn : callable, array, :class:`~minigeo.Metric` or None
-        ``x -> G(x)``, a :class:`~minigeo.Metric` or a constant matrix (see
-        :data:`~minigeo.MetricField`); ``None`` is the Euclidean metric of these coordinates (no Christoffel term).
+    metric : :class:`~minigeo.Metric`, array or None
+        The metric field (e.g. ``mg.dense_metric(lambda x: G(x))``) or a constant square matrix;
+        ``None`` is the Euclidean metric of these coordinates (no Christoffel term).
     x : array
         The 1-D coordinates, of shape ``(d,)``.
 
@@ -256,7 +258,8 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFie
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> f = lambda p: p[0] * jnp.cos(p[1])            # the function x in polar coordinates (r, angle)
-    >>> H = mg.riemannian_hessian(f, lambda p: jnp.diag(jnp.array([1.0, p[0] ** 2])), jnp.array([2.0, 0.3]))
+    >>> polar = mg.dense_metric(lambda p: jnp.diag(jnp.array([1.0, p[0] ** 2])))
+    >>> H = mg.riemannian_hessian(f, polar, jnp.array([2.0, 0.3]))
     >>> bool(jnp.allclose(H, 0.0, atol=1e-6))         # x is linear: its Riemannian Hessian vanishes
     True
 
@@ -266,14 +269,15 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric_fn: MetricFie
     Hessian* (blog post). Chapter 4.
     """
     _check_coords(x, "riemannian_hessian")
+    metric = metric_field(metric, "riemannian_hessian")
     H = hessian(f, x)
-    if metric_fn is None:
+    if metric is None:
         return H
-    Gamma = christoffel_symbols(metric_fn, x)
+    Gamma = christoffel_symbols(metric, x)
     return H - jnp.einsum("kij,k->ij", Gamma, jax.grad(f)(x))
 
 
-def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricField, x: jax.Array) -> jax.Array:
+def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric: Metric | jax.Array | None, x: jax.Array) -> jax.Array:
     r"""The Hessian endomorphism (shape operator) built from the Riemannian Hessian :math:`H`.
 
     .. math:: E = G^{-1}H.
@@ -288,9 +292,9 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricF
     ----------
     f : callable
         The scalar function of the 1-D coordinates.
-    metric_fn : callable, array, :class:`~minigeo.Metric` or None
-        ``x -> G(x)``, a :class:`~minigeo.Metric` or a constant matrix (see
-        :data:`~minigeo.MetricField`); ``None`` is the Euclidean metric (then :math:`E = H`).
+    metric : :class:`~minigeo.Metric`, array or None
+        The metric field (e.g. ``mg.dense_metric(lambda x: G(x))``) or a constant square matrix;
+        ``None`` is the Euclidean metric (then :math:`E = H`).
     x : array
         The 1-D coordinates, of shape ``(d,)``.
 
@@ -308,7 +312,7 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricF
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> E = mg.hessian_endomorphism(lambda x: x[0] ** 2 + 3 * x[1] ** 2, lambda x: 2 * jnp.eye(2), jnp.zeros(2))
+    >>> E = mg.hessian_endomorphism(lambda x: x[0] ** 2 + 3 * x[1] ** 2, 2 * jnp.eye(2), jnp.zeros(2))
     >>> E.round(4)
     Array([[1., 0.],
            [0., 3.]], dtype=float32)
@@ -318,8 +322,9 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric_fn: MetricF
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (6), and App. A; Kristiadi (2023), *The
     Invariance of the Hessian* (blog post). Chapter 4.
     """
-    H = riemannian_hessian(f, metric_fn, x)
-    G = _metric_at(metric_fn, x)
+    metric = metric_field(metric, "hessian_endomorphism")
+    H = riemannian_hessian(f, metric, x)
+    G = _metric_at(metric, x)
     return jsl.cho_solve(jsl.cho_factor(G, lower=True), H)
 
 
@@ -449,40 +454,12 @@ def endomorphism_slogdet(H: jax.Array, G: jax.Array) -> tuple[jax.Array, jax.Arr
 # ---------------------------------------------------------------------------
 # matrix-free
 # ---------------------------------------------------------------------------
-def _probe_values(
-    f: Callable[[PyTree], jax.Array],
-    params: PyTree,
-    key: jax.Array,
-    metric: MetricArg,
-    *,
-    num_probes: int,
-    batched: str,
-    tol: float,
-    maxiter: int | None,
-) -> jax.Array:
-    """``(G^{-1} z_i)^T H z_i`` for ``num_probes`` Rademacher probes ``z_i``."""
-    apply_inverse = _metric_inverse(metric, params, tol, maxiter, strict=True)
-    probes = rademacher_like(key, params, num_probes)
-
-    def one(z: PyTree) -> jax.Array:
-        hz = _hvp(f, params, z)
-        return sum(
-            jnp.vdot(a, b)
-            for a, b in zip(jax.tree_util.tree_leaves(apply_inverse(z)), jax.tree_util.tree_leaves(hz))
-        )
-
-    return jax.vmap(one)(probes) if batched == "vmap" else jax.lax.map(one, probes)
-
-
-_compiled_probe_values = jit_per_callable(_probe_values, static_argnames=("num_probes", "batched", "tol", "maxiter"))
-
-
 def trace_estimate(
     f: Callable[[PyTree], jax.Array],
     params: PyTree,
     key: jax.Array,
     *,
-    metric: MetricArg = None,
+    metric: Metric | None = None,
     num_probes: int = 10,
     batched: str = "vmap",
     tol: float = 1e-6,
@@ -503,9 +480,9 @@ def trace_estimate(
         The point.
     key : jax.Array
         PRNG key: the estimate is reproducible given the key.
-    metric : None, pytree or :class:`~minigeo.Metric`, optional
-        ``None`` (Euclidean: :math:`\mathrm{tr}\,H`), a positive pytree like ``params``
-        (a diagonal metric, e.g. Adam's second-moment estimate), or a Metric.
+    metric : :class:`~minigeo.Metric` or None, optional
+        ``None`` (Euclidean: :math:`\mathrm{tr}\,H`) or a Metric, e.g. ``mg.metrics.diagonal(v)``
+        for Adam's second-moment estimate ``v`` (solved elementwise) or a GGN (solved by CG).
     num_probes : int, optional
         Number of probes; the standard error falls like :math:`1/\sqrt{\text{probes}}`.
     batched : {"vmap", "map"}, optional
@@ -539,19 +516,12 @@ def trace_estimate(
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A.2 (the invariant trace), estimated with
     Hutchinson probes. Chapter 4.
     """
-    if not (isinstance(num_probes, int) and num_probes >= 1):
-        raise GeometryError(f"trace_estimate: num_probes must be a positive int, got {num_probes!r}.")
-    if batched not in ("vmap", "map"):
-        raise GeometryError(f"trace_estimate: batched must be 'vmap' or 'map', got {batched!r}.")
     params = as_float_point(params, "params")
     check_finite(params, "params")
-    _metric_inverse(metric, params, tol, maxiter)  # validates a diagonal metric eagerly
-    options = dict(num_probes=num_probes, batched=batched, tol=tol, maxiter=maxiter)
-    run = _compiled_probe_values if _compilable(metric) else _probe_values
-    values = run(f, params, key, metric, **options)
-    _diagnose_cg(values, metric, params, key, tol, maxiter)
-    check_finite(values, "The Hessian-vector products", hint=_CG_HINT)
-    return mean_and_standard_error(values)
+    return hutchinson_trace(
+        _point_products(f, params), key, metric, num_probes=num_probes, batched=batched, tol=tol, maxiter=maxiter,
+        who="trace_estimate",
+    )
 
 
 @one_trace_per_call()
@@ -561,7 +531,7 @@ def top_eigenvalues(
     key: jax.Array,
     *,
     k: int = 1,
-    metric: MetricArg = None,
+    metric: Metric | None = None,
     num_iterations: int | None = None,
     rtol: float | None = 1e-2,
     tol: float = 1e-8,
@@ -636,8 +606,9 @@ def top_eigenvalues(
         PRNG key of the start block and restart vectors.
     k : int, optional
         How many of the largest eigenvalues (counted with multiplicity).
-    metric : None, pytree or :class:`~minigeo.Metric`, optional
-        ``None`` (:math:`G = I`), a positive pytree like ``params`` (diagonal) or a Metric.
+    metric : :class:`~minigeo.Metric` or None, optional
+        ``None`` (:math:`G = I`) or a Metric (a diagonal one, ``mg.metrics.diagonal(w)``, is
+        inverted elementwise; others by conjugate gradients).
     num_iterations : int, optional
         Products with :math:`H` (the Krylov dimension, capped at the number of parameters and
         rounded up to whole blocks); ``None`` adapts them (eagerly).
@@ -679,52 +650,10 @@ def top_eigenvalues(
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
-    d = tree_size(params)
-    flat0, unravel = ravel(params)
-    p = validate_k(k, num_iterations, d, block_size)
-    _metric_inverse(metric, params, tol, maxiter)  # validates a diagonal metric eagerly
-    Z = jax.random.normal(key, (p, d), dtype=flat0.dtype)
-    restart_key = jax.random.fold_in(key, 1)
-    eager = is_concrete(params, key, None if isinstance(metric, Metric) else metric)
-    compiled = _compilable(metric)
-    options = dict(tol=tol, maxiter=maxiter)
-    device_products = [0]
-    fixed = _compiled_block_projected if (compiled and eager) else _block_projected
-    if eager and num_iterations is None and compiled:
-        # adaptive: first the compiled default (as under jit); if that does not certify, extend one
-        # block Krylov space in host memory (rebuilt once), each block product compiled once per f
-        m0 = -(-min(d, default_num_products(k, p)) // p)
-        mv_key = metric.mv_fn if isinstance(metric, Metric) else None
-        gb = None if metric is None else (lambda V: _compiled_flat_block_inverse(mv_key, params, metric, V, **options))
-        host: list = []  # the host run, built only if the compiled default does not certify
-
-        def projected(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-            if m == m0:
-                device_products[0] += m * p
-                return fixed(f, params, metric, Z, restart_key, m=m, **options)
-            if not host:
-                host.append(ResumableBlockLanczos(lambda V: _compiled_flat_block_hvp(f, params, V), gb, Z, key=restart_key))
-            return host[0].projected(m)
-
-        count = lambda: device_products[0] + (host[0].products if host else 0)
-
-    elif eager and num_iterations is None:
-        # adaptive: extend one block Krylov space, each block product compiled once per f (or metric)
-        hb = lambda V: _flat_block_hvp(f, params, V)
-        gb = lambda V: jnp.stack([_flat_inverse(None, params, metric, v, **options) for v in V])
-        run = ResumableBlockLanczos(hb, gb, Z, key=restart_key)
-        projected = run.projected
-        count = lambda: run.products
-    else:
-        projected = lambda m: fixed(f, params, metric, Z, restart_key, m=m, **options)
-        count = None
-
-    def checked(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-        out = projected(m)
-        _diagnose_cg(out[0], metric, params, key, tol, maxiter)  # a failed CG solve: its own error, eagerly
-        return out
-
-    return certified_top_eigenvalues(checked, d, k, p, num_iterations, rtol, eager, "Hessian", count)
+    return certified_top(
+        _point_products(f, params), key, metric, k=k, num_iterations=num_iterations, rtol=rtol, tol=tol,
+        maxiter=maxiter, block_size=block_size, who="top_eigenvalues",
+    )
 
 
 def _flat_hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: jax.Array) -> jax.Array:
@@ -732,35 +661,43 @@ def _flat_hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: jax.Array) ->
     return ravel(_hvp(f, params, ravel(params)[1](v)))[0]
 
 
-def _flat_inverse(_key: Any, params: PyTree, metric: MetricArg, v: jax.Array, *, tol: float, maxiter: Any) -> jax.Array:
-    """``G^{-1} v`` on flat vectors (``_key``: the callable the compilation is cached on)."""
-    unravel = ravel(params)[1]
-    return ravel(_metric_inverse(metric, params, tol, maxiter, strict=True)(unravel(v)))[0]
-
-
 def _flat_block_hvp(f: Callable[[PyTree], jax.Array], params: PyTree, V: jax.Array) -> jax.Array:
     """``H v`` for every row ``v`` of ``V`` (one ``vmap``-ed product)."""
     return jax.vmap(lambda v: _flat_hvp(f, params, v))(V)
 
 
-def _flat_block_inverse(
-    _key: Any, params: PyTree, metric: MetricArg, V: jax.Array, *, tol: float, maxiter: Any
-) -> jax.Array:
-    """``G^{-1} v`` for every row ``v`` of ``V``."""
-    return jax.vmap(lambda v: _flat_inverse(None, params, metric, v, tol=tol, maxiter=maxiter))(V)
+def _probe_terms(f: Callable[[PyTree], jax.Array], params: PyTree, probes: PyTree, duals: PyTree, *, batched: str) -> jax.Array:
+    """``(u_i^T H z_i)_i`` for stacked probes ``z_i`` and duals ``u_i``."""
+
+    def one(zu: tuple[PyTree, PyTree]) -> jax.Array:
+        z, u = zu
+        hz = _hvp(f, params, z)
+        return sum(jnp.vdot(a, b) for a, b in zip(jax.tree_util.tree_leaves(u), jax.tree_util.tree_leaves(hz)))
+
+    return jax.vmap(one)((probes, duals)) if batched == "vmap" else jax.lax.map(one, (probes, duals))
 
 
-def _block_projected(
-    f: Callable[[PyTree], jax.Array], params: PyTree, metric: MetricArg, Z: jax.Array, key: jax.Array, *,
+def _fixed_run(
+    f: Callable[[PyTree], jax.Array], params: PyTree, metric: Metric | None, Z: jax.Array, key: jax.Array, *,
     m: int, tol: float, maxiter: Any,
 ) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``m`` block Lanczos steps of ``G^{-1}H`` from the start block ``Z``: ``(T, alive, M)`` (see :func:`block_lanczos`)."""
-    Hv = lambda v: _flat_hvp(f, params, v)
-    Ginv = None if metric is None else (lambda v: _flat_inverse(None, params, metric, v, tol=tol, maxiter=maxiter))
-    return block_lanczos(Hv, Ginv, Z, m, key=key)
+    return fixed_block_lanczos(lambda v: _flat_hvp(f, params, v), params, metric, Z, key, m=m, tol=tol, maxiter=maxiter)
 
 
-_compiled_flat_hvp = jit_per_callable(_flat_hvp)
+_compiled_probe_terms = jit_per_callable(_probe_terms, static_argnames=("batched",))
 _compiled_flat_block_hvp = jit_per_callable(_flat_block_hvp)
-_compiled_flat_block_inverse = jit_per_callable(_flat_block_inverse, static_argnames=("tol", "maxiter"))
-_compiled_block_projected = jit_per_callable(_block_projected, static_argnames=("m", "tol", "maxiter"))
+_compiled_fixed_run = jit_per_callable(_fixed_run, static_argnames=("m", "tol", "maxiter"))
+
+
+def _point_products(f: Callable[[PyTree], jax.Array], params: PyTree) -> Products:
+    """The Hessian of ``f`` at ``params`` as the estimators of :mod:`minigeo._spectral` take it."""
+
+    def terms(probes: PyTree, duals: PyTree, batched: str) -> jax.Array:
+        run = _compiled_probe_terms if is_concrete(params) else _probe_terms
+        return run(f, params, probes, duals, batched=batched)
+
+    def fixed(metric, Z, key, m, compiled, *, tol, maxiter):
+        run = _compiled_fixed_run if compiled else _fixed_run
+        return run(f, params, metric, Z, key, m=m, tol=tol, maxiter=maxiter)
+
+    return Products(params, "Hessian", terms, lambda V: _compiled_flat_block_hvp(f, params, V), fixed)

@@ -27,14 +27,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._compile import jit_per_callable
 from ._checks import GeometryError, check_finite, check_spd, check_square_matrix, is_concrete
-from ._estimators import check_slq_positive, mean_and_standard_error, slq_breakdown_tol, slq_quadrature
-from ._linalg import lanczos_tridiagonal
+from ._spectral import slq_logdet
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .coords import Reparametrization
 from .curvature import hessian, hvp
-from ._metric import Metric, MetricField, _matrix_field
+from ._metric import Metric, _matrix_field, metric_field
 
 __all__ = [
     "transform_log_density",
@@ -99,16 +97,16 @@ def transform_log_density(
     return log_q_psi
 
 
-def log_volume_element(metric_fn: MetricField, x: PyTree) -> jax.Array:
+def log_volume_element(metric: Metric | jax.Array, x: PyTree) -> jax.Array:
     r"""The log density of the Riemannian volume form :math:`dV_G` w.r.t. Lebesgue measure.
 
     .. math:: \log\lvert\det G(x)\rvert^{1/2} = \sum_i \log L_{ii},\qquad G(x) = LL^\top.
 
     Parameters
     ----------
-    metric_fn : callable, array or :class:`~minigeo.Metric`
-        Maps a point to its dense metric (flattened coordinates); or a :class:`~minigeo.Metric`
-        or a constant matrix (see :data:`~minigeo.MetricField`).
+    metric : :class:`~minigeo.Metric` or array
+        The metric field, e.g. ``mg.dense_metric(lambda x: G(x))`` (flattened coordinates), or a
+        constant square matrix.
     x : array or pytree
         The point.
 
@@ -126,7 +124,8 @@ def log_volume_element(metric_fn: MetricField, x: PyTree) -> jax.Array:
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> round(float(mg.log_volume_element(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])), jnp.array([3.0, 0.2]))), 6)
+    >>> polar = mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])))
+    >>> round(float(mg.log_volume_element(polar, jnp.array([3.0, 0.2]))), 6)
     1.098612
 
     References
@@ -134,14 +133,17 @@ def log_volume_element(metric_fn: MetricField, x: PyTree) -> jax.Array:
     Kristiadi, Dangel & Hennig (2023), Sec. 3.3 (the Riemannian volume form, eq. (11)). Taught in
     chapter 5, *Densities and volume forms*.
     """
-    G = _matrix_field(metric_fn)(x)
-    check_square_matrix(G, tree_size(x), "metric_fn(x)")
+    metric = metric_field(metric, "log_volume_element")
+    if metric is None:  # the Euclidean metric: dV = dx
+        return jnp.zeros((), dtype=ravel(x)[0].dtype)
+    G = _matrix_field(metric)(x)
+    check_square_matrix(G, tree_size(x), "the metric at x")
     check_spd(G, "the metric")
     return jnp.sum(jnp.log(jnp.diag(jnp.linalg.cholesky(G))))
 
 
 def log_density_wrt_volume(
-    log_q: Callable[[PyTree], jax.Array], metric_fn: Callable[[jax.Array], jax.Array]
+    log_q: Callable[[PyTree], jax.Array], metric: Metric | jax.Array
 ) -> Callable[[jax.Array], jax.Array]:
     r"""The density w.r.t. the Riemannian volume form (Kristiadi et al. 2023, eq. 11).
 
@@ -155,9 +157,9 @@ def log_density_wrt_volume(
     ----------
     log_q : callable
         :math:`\theta \mapsto \log q(\theta)`, a log density w.r.t. Lebesgue measure.
-    metric_fn : callable, array or :class:`~minigeo.Metric`
-        Maps a point to its dense metric (flattened coordinates); or a :class:`~minigeo.Metric`
-        or a constant matrix (see :data:`~minigeo.MetricField`).
+    metric : :class:`~minigeo.Metric` or array
+        The metric field, e.g. ``mg.dense_metric(lambda x: G(x))`` (flattened coordinates), or a
+        constant square matrix.
 
     Returns
     -------
@@ -169,7 +171,7 @@ def log_density_wrt_volume(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> fisher = lambda t: jnp.array([[1.0 / (t[0] * (1 - t[0]))]])   # Bernoulli Fisher information
+    >>> fisher = mg.dense_metric(lambda t: jnp.array([[1.0 / (t[0] * (1 - t[0]))]]))   # Bernoulli Fisher
     >>> jeffreys = lambda t: -0.5 * jnp.log(t[0] * (1 - t[0])) - jnp.log(jnp.pi)
     >>> round(float(mg.log_density_wrt_volume(jeffreys, fisher)(jnp.array([0.3]))), 6)  # uniform: 1 / pi
     -1.14473
@@ -179,7 +181,8 @@ def log_density_wrt_volume(
     Kristiadi, Dangel & Hennig (2023), Sec. 3.3, eq. (11) (densities w.r.t. the volume form; invariant
     MAP). Taught in chapter 5, *Densities and volume forms*.
     """
-    return lambda x: log_q(x) - log_volume_element(metric_fn, x)
+    metric = metric_field(metric, "log_density_wrt_volume")
+    return lambda x: log_q(x) - log_volume_element(metric, x)
 
 
 def logdet_slq(
@@ -261,35 +264,10 @@ def logdet_slq(
     Kristiadi, Dangel & Hennig (2023), Sec. 4.2, eq. (14) (the log-determinant in the Laplace
     evidence), by stochastic Lanczos quadrature. Taught in chapter 5, *Densities and volume forms*.
     """
-    if not (isinstance(num_probes, int) and num_probes >= 1):
-        raise GeometryError(f"logdet_slq: num_probes must be a positive int, got {num_probes!r}.")
-    if not (isinstance(dim, (int, np.integer)) and dim >= 1):
+    if not (isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim >= 1):
         raise GeometryError(f"logdet_slq: dim must be a positive int, got {dim!r}.")
-    if not (isinstance(num_iterations, (int, np.integer)) and num_iterations >= 1):
-        raise GeometryError(f"logdet_slq: num_iterations must be a positive int, got {num_iterations!r}.")
-    dim = int(dim)
-    m = min(int(num_iterations), dim)
     dtype = jnp.dtype(dtype or jnp.result_type(float))
-    values, smallest, largest = _compiled_slq_probes(matvec, key, num_probes=num_probes, dim=dim, m=m, dtype=dtype)
-    check_slq_positive(values, smallest, largest, slq_breakdown_tol(dim, dtype), "logdet_slq")
-    return mean_and_standard_error(values)
-
-
-def _slq_probes(
-    matvec: Callable[[jax.Array], jax.Array], key: jax.Array, *, num_probes: int, dim: int, m: int, dtype: Any
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """Per-probe quadrature values and the extreme Ritz values (vectorised over Rademacher probes)."""
-    probes = jax.random.rademacher(key, (num_probes, dim), dtype=dtype)
-    restart_key = jax.random.fold_in(key, 1)
-    rel = slq_breakdown_tol(dim, dtype)
-
-    def one(z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        return slq_quadrature(lanczos_tridiagonal(matvec, lambda v: v, z, m, key=restart_key), z, rel)
-
-    return jax.vmap(one)(probes)
-
-
-_compiled_slq_probes = jit_per_callable(_slq_probes, static_argnames=("num_probes", "dim", "m", "dtype"))
+    return slq_logdet(matvec, int(dim), key, num_probes=num_probes, num_iterations=num_iterations, dtype=dtype)
 
 
 class LaplaceEvidence(NamedTuple):
@@ -344,7 +322,7 @@ def laplace_log_marginal_likelihood(
     *,
     curvature: Metric | None = None,
     prior_precision: float = 0.0,
-    metric: MetricField = None,
+    metric: Metric | jax.Array | None = None,
     reparametrization: Union[None, Reparametrization, "WeightNorm"] = None,
     method: str = "dense",
     key: jax.Array | None = None,
@@ -368,9 +346,9 @@ def laplace_log_marginal_likelihood(
     prior_precision : float, optional
         Added to the diagonal of the curvature (the Hessian of an isotropic Gaussian
         prior when ``curvature`` is a GGN of the likelihood alone).
-    metric : callable, array or :class:`~minigeo.Metric`, optional
-        ``params -> G`` (dense, flattened coordinates), a :class:`~minigeo.Metric` or a constant
-        matrix (:data:`~minigeo.MetricField`): evaluate the evidence w.r.t. the Riemannian
+    metric : :class:`~minigeo.Metric` or array, optional
+        A metric field (e.g. ``mg.dense_metric(lambda p: G(p))``, flattened coordinates) or a
+        constant square matrix: evaluate the evidence w.r.t. the Riemannian
         volume form :math:`dV_G`, i.e. use :math:`\log\det(G^{-1}H)`.  With the metric
         transformed along with the parameters, the result is reparametrization-invariant.
     reparametrization : :class:`~minigeo.Reparametrization` or :class:`~minigeo.WeightNorm`, optional
@@ -416,6 +394,7 @@ def laplace_log_marginal_likelihood(
     Kristiadi, Dangel & Hennig (2023), Sec. 4.2, eq. (14) (signs corrected, see the module notes) and
     Table 1; MacKay (1992). Taught in chapter 5, *Densities and volume forms*.
     """
+    metric = metric_field(metric, "laplace_log_marginal_likelihood")
     if reparametrization is not None:
         if isinstance(reparametrization, Reparametrization):
             to_theta, to_psi = reparametrization.inverse, reparametrization.forward

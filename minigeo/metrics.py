@@ -10,7 +10,7 @@ constructor                                 :math:`G(\theta)`
 :func:`euclidean`                           :math:`I`
 :func:`diagonal` ``(weights)``              :math:`\mathrm{diag}(w)`
 :func:`dense` ``(matrix_fn)``               any user matrix field
-:func:`pullback` ``(f, output_metric)``     :math:`J_f^\top G_z J_f` (Grosse 2022, "pullback metric")
+:func:`pullback` ``(f, metric)``            :math:`J_f^\top G_z J_f` (Grosse 2022, "pullback metric")
 :func:`ggn` ``(model_fn, loss_fn)``         :math:`J^\top H_z J`, :math:`H_z = \nabla_z^2 \ell` (Kristiadi et al. 2023, eq. 3)
 :func:`fisher` ``(model_fn, likelihood)``   :math:`J^\top F_z J`, :math:`F_z` the output-space Fisher (exact or Monte Carlo)
 :func:`empirical_fisher` ``(model_fn, l)``  :math:`\frac1N\sum_n J_n^\top g_n g_n^\top J_n`, :math:`g_n = \nabla_{z_n}\ell_n` at the training targets
@@ -36,12 +36,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import GeometryError
-from ._metric import Metric, MetricField, as_metric, dense, diagonal, euclidean
+from ._metric import Metric, as_metric, dense, diagonal, euclidean, metric_field
 from ._tree import PyTree
 
 __all__ = [
     "Metric",
-    "MetricField",
     "Likelihood",
     "euclidean",
     "diagonal",
@@ -58,9 +57,6 @@ __all__ = [
 # ---------------------------------------------------------------------------
 # the pullback family
 # ---------------------------------------------------------------------------
-OutputMetric = Union[Metric, Callable[[PyTree, PyTree], PyTree]]
-
-
 def _linearized(f: Callable[[PyTree], PyTree], params: PyTree, v: PyTree):
     """``(f(params), J v, w -> J^T w)`` from one linearization (one forward pass, not a jvp and a vjp)."""
     z, f_lin = jax.linearize(f, params)
@@ -68,18 +64,7 @@ def _linearized(f: Callable[[PyTree], PyTree], params: PyTree, v: PyTree):
     return z, f_lin(v), lambda w: transpose(w)[0]
 
 
-def _output_mv(output_metric: OutputMetric) -> Callable[[PyTree, PyTree], PyTree]:
-    if isinstance(output_metric, Metric):
-        return output_metric.mv
-    if callable(output_metric):
-        return output_metric
-    raise GeometryError(
-        "pullback: output_metric must be a Metric on the outputs or a callable (z, u) -> G_z u; "
-        f"got {type(output_metric).__name__}."
-    )
-
-
-def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metric:
+def pullback(f: Callable[[PyTree], PyTree], metric: Metric | jax.Array | None) -> Metric:
     r"""The pullback of an output-space metric through ``f``.
 
     .. math:: (f^*G_z)(\theta) = J_f(\theta)^\top\,G_{f(\theta)}\,J_f(\theta).
@@ -88,9 +73,10 @@ def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metr
     ----------
     f : callable
         Maps parameters to outputs (e.g. ``lambda p: model(p, X)``).
-    output_metric : :class:`~minigeo.Metric` or callable
-        A :class:`Metric` on the outputs (its "params" are the outputs ``z``) or a
-        callable ``(z, u) -> G_z u``.
+    metric : :class:`~minigeo.Metric`, array or None
+        The metric on the outputs: a :class:`Metric` (its "params" are the outputs ``z``; for a
+        product function ``(z, u) -> G_z u`` write ``mg.Metric(fn)``), a constant square matrix
+        over the flattened outputs, or ``None`` (Euclidean, :func:`euclidean`).
 
     Returns
     -------
@@ -100,7 +86,8 @@ def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metr
     Raises
     ------
     GeometryError
-        If ``output_metric`` is neither a :class:`Metric` nor callable.
+        If ``metric`` is not a :class:`Metric`, a square matrix or ``None`` (the message names the
+        constructor to use).
 
     Notes
     -----
@@ -123,13 +110,17 @@ def pullback(f: Callable[[PyTree], PyTree], output_metric: OutputMetric) -> Metr
     Grosse (2022), CSC2541 lecture 3 *Metrics* (pullback metrics, ``pullback_mvp``); Kristiadi, Dangel &
     Hennig (2023), Sec. 3.4, eq. (12). Chapter 2.
     """
-    out_mv = _output_mv(output_metric)
+    return Metric(_pullback_mv(f, (metric_field(metric, "pullback") or euclidean()).mv), "pullback")
+
+
+def _pullback_mv(f: Callable[[PyTree], PyTree], out_mv: Callable[[PyTree, PyTree], PyTree]) -> Callable:
+    """``(params, v) -> J^T G_z J v`` from the output-space product ``out_mv(z, u)``."""
 
     def mv(params: PyTree, v: PyTree) -> PyTree:
         z, jv, transpose = _linearized(f, params, v)
         return transpose(out_mv(z, jv))
 
-    return Metric(mv, "pullback")
+    return mv
 
 
 def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Array]) -> Metric:
@@ -172,8 +163,7 @@ def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Ar
     def output_hvp(z: PyTree, u: PyTree) -> PyTree:
         return jax.jvp(jax.grad(loss_fn), (z,), (u,))[1]
 
-    metric = pullback(model_fn, output_hvp)
-    return Metric(metric.mv_fn, "GGN")
+    return Metric(_pullback_mv(model_fn, output_hvp), "GGN")
 
 
 class Likelihood(NamedTuple):

@@ -38,7 +38,7 @@ from ._checks import (
 )
 from ._linalg import CG_CONVERGED, CG_NOT_SYMMETRIC, SolveInfo, check_damping, check_solver_options, solve_spd_dense
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
-from ._metric import Metric, MetricField, _matrix_field
+from ._metric import Metric, _matrix_field, metric_field
 
 __all__ = [
     "gram_matrix",
@@ -59,7 +59,7 @@ def _flat_jacobian(param_map: Callable[[PyTree], PyTree], xi: PyTree, max_size: 
 
 def gram_matrix(
     param_map: Callable[[PyTree], PyTree],
-    metric_fn: MetricField,
+    metric: Metric | jax.Array | None,
     xi: PyTree,
     *,
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
@@ -74,10 +74,9 @@ def gram_matrix(
     param_map : callable
         The parametrization :math:`\phi`, mapping a parameter pytree to a point of
         :math:`\mathcal Z` (array or pytree, flattened for the metric).
-    metric_fn : callable, array, :class:`~minigeo.Metric` or None
-        ``z -> g(z)``, the dense metric on :math:`\mathcal Z` at ``z``, a
-        :class:`~minigeo.Metric` on :math:`\mathcal Z` or a constant matrix (see
-        :data:`~minigeo.MetricField`); ``None`` for the Euclidean metric.
+    metric : :class:`~minigeo.Metric`, array or None
+        The metric :math:`g` on :math:`\mathcal Z`: a :class:`~minigeo.Metric` (e.g.
+        ``mg.dense_metric(lambda z: g(z))``), a constant square matrix, or ``None`` (Euclidean).
     xi : pytree
         The parameters.
     max_size : int, optional
@@ -106,12 +105,13 @@ def gram_matrix(
     ----------
     van Oostrum, Müller & Ay (2023), Sec. 2 (Gram matrix :math:`G(\xi)`). Chapter 3.
     """
+    metric = metric_field(metric, "gram_matrix")
     J = _flat_jacobian(param_map, xi, max_size)
     check_finite(J, "The Jacobian of the parametrization")
-    if metric_fn is None:
+    if metric is None:
         return J.T @ J
     z = param_map(xi)
-    g = _matrix_field(metric_fn)(z)
+    g = _matrix_field(metric)(z)
     check_square_matrix(g, J.shape[0], "the metric on Z")
     check_spd(g, "the metric on Z", rtol=symmetry_rtol(g))
     return J.T @ g @ J

@@ -28,11 +28,9 @@ import numpy as np
 
 from ._checks import GeometryError, as_float_point, check_finite, check_same_structure
 from ._compile import jit_per_callable, one_trace_per_call
-from ._linalg import check_damping, lanczos_tridiagonal_offloaded
-from ._eigen import ResumableBlockLanczos, certified_top_eigenvalues, validate_k
-from ._estimators import check_slq_positive, mean_and_standard_error, rademacher_like, slq_breakdown_tol, slq_quadrature
+from ._linalg import check_damping
+from ._spectral import Products, certified_top, check_num_probes, hutchinson_trace, slq_logdet
 from ._tree import PyTree, ravel, tree_size
-from ._inverse import _CG_HINT, MetricArg, _diagnose_cg, _metric_inverse
 from .curvature import hvp
 from .metrics import Likelihood, Metric, empirical_fisher, fisher, ggn
 
@@ -301,17 +299,6 @@ def _num_examples(batch: Batch, who: str, examples: Callable[[Batch], Any] | Non
 # ---------------------------------------------------------------------------
 # the operator
 # ---------------------------------------------------------------------------
-def _one_trace_per_call(method: Callable) -> Callable:
-    """Run a method's whole pass with one trace per batch shape (:func:`one_trace_per_call`)."""
-
-    @functools.wraps(method)
-    def wrapped(*args: Any, **kwargs: Any) -> Any:
-        with one_trace_per_call():
-            return method(*args, **kwargs)
-
-    return wrapped
-
-
 class CurvatureOperator:
     r"""A curvature matrix of a loss averaged over a dataset, applied batch by batch.
 
@@ -365,7 +352,7 @@ class CurvatureOperator:
 
     The invariant endomorphism :math:`G^{-1}M` enters through the
     ``metric`` argument of :meth:`trace_estimate` and :meth:`top_eigenvalues` (``None``, a
-    positive diagonal pytree, or a :class:`~minigeo.Metric`, e.g. another operator's
+    :class:`~minigeo.Metric` such as ``mg.metrics.diagonal(w)`` or another operator's
     :meth:`as_metric` on a fixed batch).
 
     Examples
@@ -488,7 +475,7 @@ class CurvatureOperator:
         _num_examples(batch, self.name, self.examples)
         return self._mv(self.params, v, batch)
 
-    @_one_trace_per_call
+    @one_trace_per_call()
     def dataset_mv(
         self, v: PyTree, batches: BatchSource, *, progress: Any = False, max_batches: int | None = None
     ) -> PyTree:
@@ -586,13 +573,13 @@ class CurvatureOperator:
         return Metric(lambda params, v: self._mv(params, v, batch), f"{self.name} (one batch)")
 
     # -- estimators ------------------------------------------------------------
-    @_one_trace_per_call
+    @one_trace_per_call()
     def trace_estimate(
         self,
         key: jax.Array,
         batches: BatchSource,
         *,
-        metric: MetricArg = None,
+        metric: Metric | None = None,
         num_probes: int = 10,
         batched: str = "vmap",
         tol: float = 1e-6,
@@ -616,7 +603,8 @@ class CurvatureOperator:
         batches : sequence or callable
             A finite sized sequence of batches, or a function returning one (see :meth:`dataset_mv`).
         metric : pytree or :class:`~minigeo.Metric`, optional
-            ``None`` (Euclidean), a positive diagonal pytree, or a :class:`~minigeo.Metric`.
+            ``None`` (Euclidean) or a :class:`~minigeo.Metric` (a diagonal one, ``mg.metrics.diagonal(w)``,
+            is inverted elementwise; others by conjugate gradients).
         num_probes : int, optional
             Number of probes :math:`P`.
         batched : {"vmap", "map"}, optional
@@ -658,36 +646,33 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), App. A.2 (the Riemannian trace :math:`\mathrm{tr}(G^{-1}H)`).
         Taught in chapter 4, *Invariant Hessians*.
         """
-        if not (isinstance(num_probes, int) and num_probes >= 1):
-            raise GeometryError(f"trace_estimate: num_probes must be a positive int, got {num_probes!r}.")
-        if batched not in ("vmap", "map"):
-            raise GeometryError(f"trace_estimate: batched must be 'vmap' or 'map', got {batched!r}.")
         data = _one_pass(batches, self.name, max_batches)  # before the probes' solves: a finite pass
-        probes = rademacher_like(key, self.params, num_probes)
-        _metric_inverse(metric, self.params, tol, maxiter)  # validates a diagonal metric eagerly
-        apply_inverse = _metric_inverse(metric, self.params, tol, maxiter, strict=True)  # NaN where CG failed
-        duals = jax.lax.map(apply_inverse, probes) if metric is not None else probes
-        values, n = None, 0
-        for batch in _progress(data, progress, f"{self.name} trace"):
-            nb = _num_examples(batch, self.name, self.examples)
-            vb = nb * self._terms(self.params, probes, duals, batch, batched=batched)
-            values = vb if values is None else values + vb
-            n += nb
-        if values is None:
-            raise GeometryError(f"{self.name}: no batches: the dataset is empty.")
-        values = values / n
-        _diagnose_cg(values, metric, self.params, key, tol, maxiter)  # a failed CG solve: its own error
-        check_finite(values, f"The {self.name} products", hint=_CG_HINT)
-        return mean_and_standard_error(values)
 
-    @_one_trace_per_call
+        def terms(probes: PyTree, duals: PyTree, batched: str) -> jax.Array:
+            values, n = None, 0
+            for batch in _progress(data, progress, f"{self.name} trace"):
+                nb = _num_examples(batch, self.name, self.examples)
+                vb = nb * self._terms(self.params, probes, duals, batch, batched=batched)
+                values = vb if values is None else values + vb
+                n += nb
+            if values is None:
+                raise GeometryError(f"{self.name}: no batches: the dataset is empty.")
+            return values / n
+
+        source = Products(self.params, self.name, terms, self._dataset_block_mv)
+        return hutchinson_trace(
+            source, key, metric, num_probes=num_probes, batched=batched, tol=tol, maxiter=maxiter,
+            who=f"{self.name}.trace_estimate",
+        )
+
+    @one_trace_per_call()
     def top_eigenvalues(
         self,
         key: jax.Array,
         batches: BatchSource,
         *,
         k: int = 1,
-        metric: MetricArg = None,
+        metric: Metric | None = None,
         num_iterations: int | None = None,
         rtol: float | None = 1e-2,
         tol: float = 1e-8,
@@ -720,7 +705,8 @@ class CurvatureOperator:
         k : int, optional
             Number of eigenvalues.
         metric : pytree or :class:`~minigeo.Metric`, optional
-            ``None`` (Euclidean), a positive diagonal pytree, or a :class:`~minigeo.Metric`.
+            ``None`` (Euclidean) or a :class:`~minigeo.Metric` (a diagonal one, ``mg.metrics.diagonal(w)``,
+            is inverted elementwise; others by conjugate gradients).
         num_iterations : int, optional
             Products with :math:`M` (the Krylov dimension, rounded up to whole blocks); ``None`` grows
             the count by 1.5x until the values are certified.
@@ -765,17 +751,11 @@ class CurvatureOperator:
         are invariant). Taught in chapter 4, *Invariant Hessians*.
         """
         fresh = _many_passes(batches, "top_eigenvalues", max_batches)
-        d = tree_size(self.params)
-        flat0, unravel = ravel(self.params)
-        p = validate_k(k, num_iterations, d, block_size)
-        apply_inverse = _metric_inverse(metric, self.params, tol, maxiter)
-        apply_m = lambda V: self._dataset_block_mv(V, fresh())
-        apply_ginv = None if metric is None else (lambda V: jnp.stack([ravel(apply_inverse(unravel(v)))[0] for v in V]))
-        Z = jax.random.normal(key, (p, d), dtype=flat0.dtype)
-        run = ResumableBlockLanczos(apply_m, apply_ginv, Z, key=jax.random.fold_in(key, 1))
         steps = lambda r: _progress(r, progress, f"{self.name} Lanczos")
-        return certified_top_eigenvalues(
-            lambda m: run.projected(m, steps=steps), d, k, p, num_iterations, rtol, True, self.name, lambda: run.products
+        source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, fresh()), steps=steps)
+        return certified_top(
+            source, key, metric, k=k, num_iterations=num_iterations, rtol=rtol, tol=tol, maxiter=maxiter,
+            block_size=block_size, who=f"{self.name}.top_eigenvalues",
         )
 
     def _dataset_block_mv(self, V: jax.Array, batches: Iterable[Batch]) -> jax.Array:
@@ -794,7 +774,7 @@ class CurvatureOperator:
         check_finite(out, f"The {self.name} product", hint="The loss is not twice differentiable here, or overflowed.")
         return out
 
-    @_one_trace_per_call
+    @one_trace_per_call()
     def logdet_slq(
         self,
         key: jax.Array,
@@ -859,26 +839,15 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), Sec. 4.2, eq. (14) (the log-determinant of the Laplace
         evidence). Taught in chapter 5, *Densities and volume forms*.
         """
-        if not (isinstance(num_probes, int) and num_probes >= 1):
-            raise GeometryError(f"logdet_slq: num_probes must be a positive int, got {num_probes!r}.")
-        if not (isinstance(num_iterations, int) and num_iterations >= 1):
-            raise GeometryError(f"logdet_slq: num_iterations must be a positive int, got {num_iterations!r}.")
         check_damping(damping, "logdet_slq: damping")
+        check_num_probes(num_probes, "logdet_slq")
         fresh = _many_passes(batches, "logdet_slq", max_batches)
-        d = tree_size(self.params)
         flat0, unravel = ravel(self.params)
-        m = min(num_iterations, d)
-        probes = jax.random.rademacher(key, (num_probes, d), dtype=flat0.dtype)
-        restart_key = jax.random.fold_in(key, 1)
-        rel = slq_breakdown_tol(d, flat0.dtype)
         apply = lambda v: ravel(self.dataset_mv(unravel(v), fresh()))[0] + damping * v
-        out = [
-            slq_quadrature(lanczos_tridiagonal_offloaded(apply, None, z, m, key=restart_key), z, rel)
-            for z in _progress(probes, progress, f"{self.name} SLQ", total=num_probes)
-        ]
-        values, smallest, largest = (jnp.stack(x) for x in zip(*out))
-        check_slq_positive(values, smallest, largest, rel, "logdet_slq")
-        return mean_and_standard_error(values)
+        return slq_logdet(
+            apply, flat0.size, key, num_probes=num_probes, num_iterations=num_iterations, dtype=flat0.dtype,
+            on_host=True, steps=lambda probes: _progress(probes, progress, f"{self.name} SLQ", total=num_probes),
+        )
 
 
 def _probe_terms(batch_mv: Callable) -> Callable:

@@ -48,7 +48,7 @@ def test_hvp_and_hessian_match_jax_hessian():
 def test_christoffel_polar_closed_form():
     r_, a = 1.7, 0.4
     Gamma = np.asarray(
-        mg.christoffel_symbols(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])), jnp.array([r_, a]))
+        mg.christoffel_symbols(mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2]))), jnp.array([r_, a]))
     )
     expected = np.zeros((2, 2, 2))
     expected[0, 1, 1] = -r_  # Gamma^r_{aa}
@@ -59,13 +59,13 @@ def test_christoffel_polar_closed_form():
 def test_christoffel_inverse_square_metric():
     """The metric diag(1/G^2, 1/H^2) on coordinates (G, H): Gamma^1_11 = -1/G, Gamma^2_22 = -1/H, others 0."""
     x = jnp.array([0.7, 2.5])
-    Gamma = np.asarray(mg.christoffel_symbols(lambda p: jnp.diag(1.0 / p**2), x))
+    Gamma = np.asarray(mg.christoffel_symbols(mg.dense_metric(lambda p: jnp.diag(1.0 / p**2)), x))
     expected = np.zeros((2, 2, 2))
     expected[0, 0, 0] = -1 / 0.7
     expected[1, 1, 1] = -1 / 2.5
     np.testing.assert_allclose(Gamma, expected, atol=1e-14)
     # Euclidean metric in Cartesian coordinates: all zero
-    np.testing.assert_allclose(mg.christoffel_symbols(lambda p: jnp.eye(3), jnp.ones(3)), 0.0, atol=1e-15)
+    np.testing.assert_allclose(mg.christoffel_symbols(mg.dense_metric(lambda p: jnp.eye(3)), jnp.ones(3)), 0.0, atol=1e-15)
 
 
 def random_metric_field(r, d):
@@ -83,7 +83,7 @@ def random_metric_field(r, d):
 def test_christoffel_transformation_law_eq16(seed):
     r = rng(seed)
     d = 3
-    metric = random_metric_field(r, d)
+    metric = mg.dense_metric(random_metric_field(r, d))
     phi = reparam.compose(reparam.softplus(), reparam.affine(random_invertible(r, d)))
     theta = jnp.asarray(r.uniform(0.5, 2.0, size=d))
     psi = phi.forward(theta)
@@ -104,7 +104,7 @@ def test_christoffel_transformation_law_eq16(seed):
 def test_riemannian_hessian_is_a_bilinear_form_everywhere():
     """Away from critical points only the Christoffel-corrected Hessian follows J^-T H J^-1 (polar case)."""
     f = lambda x: jnp.sin(x[0]) * x[1] + x[0] ** 2
-    euclid = lambda x: jnp.eye(2)
+    euclid = jnp.eye(2)
     phi = reparam.polar()
     theta = jnp.array([0.8, 1.3])
     psi = phi.forward(theta)
@@ -122,7 +122,7 @@ def test_riemannian_hessian_is_a_bilinear_form_everywhere():
 def test_endomorphism_invariants_under_random_reparametrizations(seed):
     r = rng(seed + 10)
     d = 3
-    metric = random_metric_field(r, d) if seed % 2 else (lambda x: jnp.eye(d))
+    metric = mg.dense_metric(random_metric_field(r, d) if seed % 2 else (lambda x: jnp.eye(d)))
     c = jnp.asarray(r.normal(size=d))
     f = lambda x: jnp.sum(jnp.cos(x + c)) + jnp.prod(x) + jnp.sum(x**4) / 4
     phi = reparam.compose(
@@ -132,8 +132,8 @@ def test_endomorphism_invariants_under_random_reparametrizations(seed):
     theta = jnp.asarray(r.uniform(0.5, 2.0, size=d))
     psi = phi.forward(theta)
     f_psi, metric_psi = mg.transform_function(phi, f), mg.transform_metric_field(phi, metric)
-    H, G = mg.riemannian_hessian(f, metric, theta), metric(theta)
-    H_psi, G_psi = mg.riemannian_hessian(f_psi, metric_psi, psi), metric_psi(psi)
+    H, G = mg.riemannian_hessian(f, metric, theta), metric.dense(theta)
+    H_psi, G_psi = mg.riemannian_hessian(f_psi, metric_psi, psi), metric_psi.dense(psi)
     np.testing.assert_allclose(
         mg.endomorphism_eigenvalues(H_psi, G_psi), mg.endomorphism_eigenvalues(H, G), rtol=1e-8, atol=1e-10
     )
@@ -191,7 +191,7 @@ def test_hutchinson_trace_vs_dense():
     G_dense = np.asarray(G_metric.dense(params))
     cases = [
         (None, np.trace(H)),
-        (diag_w, np.trace(np.linalg.solve(G_diag, H))),
+        (mg.metrics.diagonal(diag_w), np.trace(np.linalg.solve(G_diag, H))),
         (G_metric, np.trace(np.linalg.solve(G_dense, H))),
     ]
     for metric, exact in cases:
@@ -218,7 +218,7 @@ def test_lanczos_top_eigenvalues_vs_dense():
     G_metric = mg.ggn(model, lambda z: 0.5 * jnp.mean((z - 1.0) ** 2)).with_damping(0.1)
     for metric, G in [
         (None, jnp.eye(d)),
-        (diag_w, jnp.diag(flatten(diag_w))),
+        (mg.metrics.diagonal(diag_w), jnp.diag(flatten(diag_w))),
         (G_metric, G_metric.dense(params)),
     ]:
         exact = np.sort(np.asarray(mg.endomorphism_eigenvalues(H, G)))[::-1][:3]
@@ -241,11 +241,11 @@ def test_lanczos_top_eigenvalues_vs_dense():
 def test_curvature_errors():
     params, model, loss = small_net(3)
     with pytest.raises(mg.GeometryError, match=r"not positive definite"):
-        mg.christoffel_symbols(lambda x: jnp.diag(jnp.array([1.0, -1.0])), jnp.ones(2))
+        mg.christoffel_symbols(mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, -1.0]))), jnp.ones(2))
     with pytest.raises(mg.GeometryError, match=r"not positive definite"):
         mg.endomorphism_eigenvalues(jnp.eye(2), jnp.diag(jnp.array([1.0, 0.0])))
     with pytest.raises(mg.GeometryError, match=r"not positive definite"):
-        mg.hessian_endomorphism(lambda x: jnp.sum(x**2), lambda x: -jnp.eye(2), jnp.ones(2))
+        mg.hessian_endomorphism(lambda x: jnp.sum(x**2), mg.dense_metric(lambda x: -jnp.eye(2)), jnp.ones(2))
     with pytest.raises(mg.GeometryError, match=r"non-finite"):
         mg.hessian(lambda x: jnp.sum(jnp.sqrt(x)), jnp.array([1.0, -1.0]))
     with pytest.raises(mg.GeometryError, match=r"non-finite"):
@@ -254,10 +254,10 @@ def test_curvature_errors():
         mg.hessian(loss, params, max_size=5)
     with pytest.raises(mg.GeometryError, match=r"<= 0"):
         mg.trace_estimate(
-            loss, params, jax.random.PRNGKey(0), metric=jax.tree_util.tree_map(jnp.zeros_like, params)
+            loss, params, jax.random.PRNGKey(0), metric=mg.metrics.diagonal(jax.tree_util.tree_map(jnp.zeros_like, params))
         )
     with pytest.raises(mg.GeometryError, match=r"pytree structure"):
-        mg.trace_estimate(loss, params, jax.random.PRNGKey(0), metric={"W": params["W"]})
+        mg.trace_estimate(loss, params, jax.random.PRNGKey(0), metric=mg.metrics.diagonal({"W": params["W"]}))
     with pytest.raises(mg.GeometryError, match=r"num_probes"):
         mg.trace_estimate(loss, params, jax.random.PRNGKey(0), num_probes=0)
     with pytest.raises(mg.GeometryError, match=r"batched"):
@@ -265,9 +265,9 @@ def test_curvature_errors():
     with pytest.raises(mg.GeometryError, match=r"k must be"):
         mg.top_eigenvalues(loss, params, jax.random.PRNGKey(0), k=100)
     with pytest.raises(mg.GeometryError, match=r"1-D coordinate"):
-        mg.christoffel_symbols(lambda x: jnp.eye(4), jnp.ones((2, 2)))
+        mg.christoffel_symbols(mg.dense_metric(lambda x: jnp.eye(4)), jnp.ones((2, 2)))
     with pytest.raises(mg.GeometryError, match=r"3x3 matrix"):
-        mg.riemannian_hessian(lambda x: jnp.sum(x**2), lambda x: jnp.eye(2), jnp.ones(3))
+        mg.riemannian_hessian(lambda x: jnp.sum(x**2), mg.dense_metric(lambda x: jnp.eye(2)), jnp.ones(3))
     with pytest.raises(mg.GeometryError, match=r"pytree structure"):
         mg.hvp(loss, params, {"W": params["W"]})
 

@@ -154,10 +154,10 @@ def test_metric_endomorphism_with_multiplicity(dtype):
     f = lambda x: 0.5 * x @ (H @ x)
     x0 = jnp.zeros(d, dtype)
     Gd = jnp.asarray(np.diag(g), dtype)
-    for metric in (jnp.asarray(g, dtype), mg.Metric(lambda p, v: Gd @ v, "dense G")):
+    for metric in (mg.metrics.diagonal(jnp.asarray(g, dtype)), mg.Metric(lambda p, v: Gd @ v, "dense G")):
         got = mg.top_eigenvalues(f, x0, jax.random.PRNGKey(0), k=4, metric=metric, tol=1e-6 if dtype == jnp.float32 else 1e-10)
         np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=1e-2)
-    got = jax.jit(lambda x, w: mg.top_eigenvalues(f, x, jax.random.PRNGKey(0), k=4, metric=w))(x0, jnp.asarray(g, dtype))
+    got = jax.jit(lambda x, w: mg.top_eigenvalues(f, x, jax.random.PRNGKey(0), k=4, metric=mg.metrics.diagonal(w)))(x0, jnp.asarray(g, dtype))
     np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=1e-2)
 
 

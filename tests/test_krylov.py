@@ -60,7 +60,7 @@ def test_top_eigenvalues_low_rank_with_diagonal_metric(dtype):
     w = np.asarray(rng(8).uniform(0.5, 2.0, size=d))
     exact = np.sort(np.linalg.eigvalsh(H / np.sqrt(w)[:, None] / np.sqrt(w)[None, :]))[::-1][: rank + 1]
     got = mg.top_eigenvalues(
-        loss, jnp.zeros(d, dtype=dtype), jax.random.PRNGKey(0), k=rank + 1, metric=jnp.asarray(w, dtype=dtype)
+        loss, jnp.zeros(d, dtype=dtype), jax.random.PRNGKey(0), k=rank + 1, metric=mg.metrics.diagonal(jnp.asarray(w, dtype=dtype))
     )
     np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=0, atol=1000 * eps(dtype) * exact[0])
 

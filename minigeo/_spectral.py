@@ -1,0 +1,265 @@
+r"""The curvature estimators, each written once (floor 1, private).
+
+A curvature matrix :math:`M` (the Hessian of a loss at a point, a dataset operator's average over
+batches, a GGN, a Fisher, ...) enters only through a :class:`Products`: how to multiply it.  The
+three estimators, with their validation, the reading of ``metric=``, the certificate, the eager
+diagnosis of a failed solve and the status under ``jit``, are written here once:
+
+* :func:`hutchinson_trace`: :math:`\mathrm{tr}(G^{-1}M) = \mathbb E_z[(G^{-1}z)^\top M z]`;
+* :func:`certified_top`: the ``k`` largest eigenvalues of :math:`G^{-1}M` by block Lanczos,
+  certified (see :func:`minigeo.top_eigenvalues`);
+* :func:`slq_logdet`: :math:`\log\det A` by stochastic Lanczos quadrature.
+
+:func:`minigeo.trace_estimate`, :func:`minigeo.top_eigenvalues`, :func:`minigeo.logdet_slq` and the
+methods of :class:`minigeo.CurvatureOperator` are adapters that build a :class:`Products` and call
+these; a new curvature matrix is one new :class:`Products` (one constructor in
+:mod:`minigeo.operators`), and every estimator works on it.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ._checks import GeometryError, check_finite, is_concrete
+from ._compile import jit_per_callable
+from ._eigen import ResumableBlockLanczos, block_lanczos, certified_top_eigenvalues, default_num_products, validate_k
+from ._estimators import (
+    check_slq_positive,
+    mean_and_standard_error,
+    rademacher_like,
+    slq_breakdown_tol,
+    slq_quadrature,
+)
+from ._inverse import _CG_HINT, _compilable, _diagnose_cg, _metric_inverse
+from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded
+from ._metric import Metric, metric_field
+from ._tree import PyTree, ravel, tree_size
+
+__all__ = ["Products", "hutchinson_trace", "certified_top", "slq_logdet", "check_num_probes"]
+
+
+class Products(NamedTuple):
+    """How to multiply a curvature matrix :math:`M`: all an estimator needs to know about it.
+
+    Attributes
+    ----------
+    params : pytree
+        The point (its structure, dtype and size :math:`d`).
+    name : str
+        Shown in messages (``"Hessian"``, ``"GGN"``, ...).
+    terms : callable
+        ``terms(probes, duals, batched) -> (u_i^T M z_i)_i`` for stacked pytree probes ``z_i`` and
+        duals ``u_i`` (one pass over the data for a dataset operator).
+    block_mv : callable
+        ``block_mv(V) -> M V`` row by row, for a flat ``(p, d)`` block (eager: a compiled product,
+        or one pass over the data).
+    fixed : callable, optional
+        ``fixed(metric, Z, key, m, compiled, tol=, maxiter=) -> (T, alive, M)``: ``m`` products of
+        block Lanczos run as one program on the device (``compiled``: through the compile layer,
+        else traced by the caller, e.g. under ``jit``); ``None`` for sources that only run eagerly
+        (a pass over a dataset).
+    steps : callable, optional
+        Wraps the block steps of an eager Lanczos run (a progress bar).
+    """
+
+    params: PyTree
+    name: str
+    terms: Callable[[PyTree, PyTree, str], jax.Array]
+    block_mv: Callable[[jax.Array], jax.Array]
+    fixed: Callable[..., tuple[jax.Array, jax.Array, jax.Array]] | None = None
+    steps: Callable[[Iterable], Iterable] | None = None
+
+
+def check_num_probes(num_probes: Any, who: str) -> None:
+    if not (isinstance(num_probes, (int, np.integer)) and not isinstance(num_probes, bool) and num_probes >= 1):
+        raise GeometryError(f"{who}: num_probes must be a positive int, got {num_probes!r}.")
+
+
+# ---------------------------------------------------------------------------
+# Hutchinson
+# ---------------------------------------------------------------------------
+def _duals(_key: Any, params: PyTree, metric: Metric, probes: PyTree, *, tol: float, maxiter: Any) -> PyTree:
+    """``G^{-1} z`` for every stacked probe (NaN where a CG solve failed); ``_key``: what the compilation is keyed on."""
+    return jax.lax.map(_metric_inverse(metric, params, tol, maxiter, strict=True), probes)
+
+
+_compiled_duals = jit_per_callable(_duals, static_argnames=("tol", "maxiter"))
+
+
+def hutchinson_trace(
+    source: Products, key: jax.Array, metric: Any, *, num_probes: int, batched: str, tol: float, maxiter: Any, who: str
+) -> tuple[jax.Array, jax.Array]:
+    r"""``(estimate, standard_error)`` of :math:`\mathrm{tr}(G^{-1}M)` from Rademacher probes.
+
+    .. math:: \mathrm{tr}(G^{-1}M) = \mathbb E_z\big[(G^{-1}z)^\top M z\big].
+    """
+    check_num_probes(num_probes, who)
+    if batched not in ("vmap", "map"):
+        raise GeometryError(f"{who}: batched must be 'vmap' or 'map', got {batched!r}.")
+    params = source.params
+    metric = metric_field(metric, who)
+    _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter and a diagonal metric eagerly
+    probes = rademacher_like(key, params, num_probes)
+    if metric is None:
+        duals = probes
+    elif _compilable(metric):
+        duals = _compiled_duals(metric.mv_fn, params, metric, probes, tol=tol, maxiter=maxiter)
+    else:
+        duals = _duals(None, params, metric, probes, tol=tol, maxiter=maxiter)
+    values = source.terms(probes, duals, batched)
+    _diagnose_cg(values, metric, params, key, tol, maxiter)  # a failed CG solve: its own error, eagerly
+    check_finite(values, f"The {source.name} products", hint=_CG_HINT)
+    return mean_and_standard_error(values)
+
+
+# ---------------------------------------------------------------------------
+# block Lanczos, certified
+# ---------------------------------------------------------------------------
+def _flat_inverse(params: PyTree, metric: Metric, v: jax.Array, tol: float, maxiter: Any) -> jax.Array:
+    unravel = ravel(params)[1]
+    return ravel(_metric_inverse(metric, params, tol, maxiter, strict=True)(unravel(v)))[0]
+
+
+def _block_inverse(_key: Any, params: PyTree, metric: Metric, V: jax.Array, *, tol: float, maxiter: Any) -> jax.Array:
+    """``G^{-1} v`` for every row ``v`` of ``V`` (``_key``: what the compilation is keyed on)."""
+    return jax.vmap(lambda v: _flat_inverse(params, metric, v, tol, maxiter))(V)
+
+
+_compiled_block_inverse = jit_per_callable(_block_inverse, static_argnames=("tol", "maxiter"))
+
+
+def fixed_block_lanczos(
+    flat_mv: Callable[[jax.Array], jax.Array], params: PyTree, metric: Metric | None, Z: jax.Array, key: jax.Array, *,
+    m: int, tol: float, maxiter: Any,
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``m`` block Lanczos steps of ``G^{-1}M`` from the start block ``Z``: ``(T, alive, M)`` (see :func:`block_lanczos`)."""
+    Ginv = None if metric is None else (lambda v: _flat_inverse(params, metric, v, tol, maxiter))
+    return block_lanczos(flat_mv, Ginv, Z, m, key=key)
+
+
+def certified_top(
+    source: Products,
+    key: jax.Array,
+    metric: Any,
+    *,
+    k: int,
+    num_iterations: int | None,
+    rtol: float | None,
+    tol: float,
+    maxiter: Any,
+    block_size: int | None,
+    who: str,
+) -> jax.Array:
+    """The ``k`` largest eigenvalues of ``G^{-1}M``, certified (see :func:`minigeo.top_eigenvalues`).
+
+    Eager and adaptive (``num_iterations=None``): the device run at the default size first (as under
+    ``jit``), then one Krylov space in host memory extended block by block; a source without a device
+    run (a dataset pass) starts on the host.  With ``num_iterations``: that many products, on the
+    device when the source has a device run.  Under ``jit``: the device run, NaN for uncertified values.
+    """
+    params = source.params
+    d = tree_size(params)
+    flat0 = ravel(params)[0]
+    p = validate_k(k, num_iterations, d, block_size)
+    metric = metric_field(metric, who)
+    _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter and a diagonal metric eagerly
+    Z = jax.random.normal(key, (p, d), dtype=flat0.dtype)
+    restart_key = jax.random.fold_in(key, 1)
+    eager = is_concrete(params, key, None if metric is None else metric.damping)
+    if not eager and source.fixed is None:
+        raise GeometryError(f"{who}: a pass over a dataset runs eagerly only; call it outside jax.jit.")
+    compiled = _compilable(metric)
+    options = dict(tol=tol, maxiter=maxiter)
+    device_products = [0]
+    if metric is None:
+        ginv_block = None
+    elif compiled:
+        ginv_block = lambda V: _compiled_block_inverse(metric.mv_fn, params, metric, V, **options)
+    else:
+        ginv_block = lambda V: _block_inverse(None, params, metric, V, **options)
+    host: list = []  # the host run, built only when needed
+
+    def on_host(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        if not host:
+            host.append(ResumableBlockLanczos(source.block_mv, ginv_block, Z, key=restart_key))
+        return host[0].projected(m, steps=source.steps) if source.steps is not None else host[0].projected(m)
+
+    if source.fixed is not None and (not eager or num_iterations is not None or compiled):
+        m0 = -(-min(d, default_num_products(k, p)) // p)
+        adaptive = eager and num_iterations is None
+
+        def projected(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+            if adaptive and m != m0:
+                return on_host(m)
+            device_products[0] += m * p
+            return source.fixed(metric, Z, restart_key, m, compiled and eager, **options)
+
+    else:
+        projected = on_host
+
+    count = (lambda: device_products[0] + (host[0].products if host else 0)) if eager else None
+
+    def checked(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+        out = projected(m)
+        _diagnose_cg(out[0], metric, params, key, tol, maxiter)  # a failed CG solve: its own error, eagerly
+        return out
+
+    return certified_top_eigenvalues(checked, d, k, p, num_iterations, rtol, eager, source.name, count)
+
+
+# ---------------------------------------------------------------------------
+# stochastic Lanczos quadrature
+# ---------------------------------------------------------------------------
+def _slq_probes(
+    matvec: Callable[[jax.Array], jax.Array], key: jax.Array, *, num_probes: int, dim: int, m: int, dtype: Any
+) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """Per-probe quadrature values and the extreme Ritz values (vectorised over Rademacher probes)."""
+    probes = jax.random.rademacher(key, (num_probes, dim), dtype=dtype)
+    restart_key = jax.random.fold_in(key, 1)
+    rel = slq_breakdown_tol(dim, dtype)
+
+    def one(z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+        return slq_quadrature(lanczos_tridiagonal(matvec, lambda v: v, z, m, key=restart_key), z, rel)
+
+    return jax.vmap(one)(probes)
+
+
+_compiled_slq_probes = jit_per_callable(_slq_probes, static_argnames=("num_probes", "dim", "m", "dtype"))
+
+
+def slq_logdet(
+    matvec: Callable[[jax.Array], jax.Array],
+    dim: int,
+    key: jax.Array,
+    *,
+    num_probes: int,
+    num_iterations: int,
+    dtype: Any,
+    on_host: bool = False,
+    steps: Callable[[Iterable], Iterable] | None = None,
+    who: str = "logdet_slq",
+) -> tuple[jax.Array, jax.Array]:
+    r"""``(estimate, standard_error)`` of :math:`\log\det A` by stochastic Lanczos quadrature.
+
+    ``on_host``: each probe's Lanczos basis in host memory, one product at a time (a pass over a
+    dataset); otherwise every probe on the device at once (``vmap``, compiled; traceable under ``jit``).
+    """
+    check_num_probes(num_probes, who)
+    if not (isinstance(num_iterations, (int, np.integer)) and not isinstance(num_iterations, bool) and num_iterations >= 1):
+        raise GeometryError(f"{who}: num_iterations must be a positive int, got {num_iterations!r}.")
+    m = min(int(num_iterations), dim)
+    rel = slq_breakdown_tol(dim, dtype)
+    if on_host:
+        probes = jax.random.rademacher(key, (num_probes, dim), dtype=dtype)
+        restart_key = jax.random.fold_in(key, 1)
+        run = probes if steps is None else steps(probes)
+        out = [slq_quadrature(lanczos_tridiagonal_offloaded(matvec, None, z, m, key=restart_key), z, rel) for z in run]
+        values, smallest, largest = (jnp.stack(x) for x in zip(*out))
+    else:
+        values, smallest, largest = _compiled_slq_probes(matvec, key, num_probes=num_probes, dim=dim, m=m, dtype=dtype)
+    check_slq_positive(values, smallest, largest, rel, who)
+    return mean_and_standard_error(values)
