@@ -7,7 +7,8 @@ Modules (floors: a module imports only from floors below it; inside floor 1, fro
 before it in the order listed; no module imports a private name from a public module; the API
 reference's architecture page draws the map and ``tests/test_layering.py`` checks it)
 
-* floor 1 ``_checks``, ``_compile``: validation and error messages; the never-stale compile layer.
+* floor 1 ``_checks``, ``_compile``, ``_status``: validation and error messages; the never-stale compile
+  layer; the one :class:`Status` enumeration of every result that can fail under ``jit``.
 * floor 1 ``_tree``: pytree helpers; ``_pairs``: metric (15) of a GL(h) pair factored from thin SVDs
   of its sides (shared by :mod:`minigeo.quotient` and :mod:`minigeo.sharpness`);
   :mod:`minigeo.stats`: Kendall's tau, with bootstrap intervals and permutation p-values (chapters 6
@@ -17,7 +18,9 @@ reference's architecture page draws the map and ``tests/test_layering.py`` check
 * floor 1 ``_metric``: the one metric type :class:`Metric` (a pytree), :func:`as_metric` and the
   simple fields, below every module that takes a metric (re-exported by :mod:`minigeo.metrics`).
 * floor 1 ``_inverse``: the ``metric=`` argument as ``v -> G^{-1} v`` (shared by
-  :mod:`minigeo.curvature` and :mod:`minigeo.operators`).
+  :mod:`minigeo.curvature` and :mod:`minigeo.operators`); ``_spectral``: the estimators written once
+  (Hutchinson trace, certified block Lanczos, SLQ) over a source of products, which the functions
+  of :mod:`minigeo.curvature` and :mod:`minigeo.densities` and the operators' methods adapt.
 * floor 2 :mod:`minigeo.coords`: reparametrizations, transformation rules, ♭/♯
   (chapter 1); :mod:`minigeo.metrics`: matrix-free metrics (GGN, Fisher, empirical Fisher,
   pullbacks; chapter 2).
@@ -50,6 +53,7 @@ all (``minigeo.metrics.dense`` as ``dense_metric``, to keep the name unambiguous
 
 from . import coords, curvature, densities, metrics, natgrad, operators, parallel, quotient, reparam, sharpness, stats
 from ._checks import GeometryError
+from ._status import Status
 from .coords import *  # noqa: F403
 from .curvature import *  # noqa: F403
 from .densities import *  # noqa: F403
@@ -71,6 +75,7 @@ __version__ = "0.1.0"
 __all__ = [
     "__version__",
     "GeometryError",
+    "Status",
     "reparam",
     "metrics",
     "dense_metric",

@@ -368,3 +368,13 @@ def check_key(key: Any, what: str = "key") -> None:
     raise GeometryError(
         f"{what} must be a JAX PRNG key, e.g. jax.random.PRNGKey(0) or jax.random.key(0); got {got}."
     )
+
+
+def split_batch(batch: Any, who: str) -> tuple[Any, Any]:
+    """``(inputs, targets)`` of a batch given as a pair (the convention of the model-based metrics)."""
+    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
+        raise GeometryError(
+            f"{who}: a batch must be a pair (inputs, targets); got {type(batch).__name__}. For a model that "
+            "takes the whole batch, close over it instead: lambda p: model(p, batch)."
+        )
+    return batch[0], batch[1]

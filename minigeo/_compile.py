@@ -305,3 +305,16 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
 
     call.cache_size = cache_size  # type: ignore[attr-defined]
     return call
+
+
+def bind_batch(fn: Callable[..., Any], batch: Any) -> Callable[..., Any]:
+    """The one calling convention for data: ``fn(params, batch)``; ``batch=None`` means ``fn(params)`` (a closure).
+
+    The bound function closes over the batch, which the compile layer passes as an argument of the
+    compiled program (never a constant of it): a new batch of the same shapes does not recompile, and
+    the batch is not kept after the call.
+    """
+    if batch is None:
+        return fn
+    return lambda params: fn(params, batch)
+

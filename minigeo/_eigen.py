@@ -35,6 +35,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import GeometryError, check_finite
+from ._status import Status
 
 __all__ = [
     "block_lanczos",
@@ -358,14 +359,26 @@ def certified_top_eigenvalues(
     eager: bool,
     what: str,
     count_products: Callable[[], int] | None = None,
-) -> jax.Array:
+    with_status: bool = False,
+) -> jax.Array | tuple[jax.Array, jax.Array]:
     """The top-``k`` Ritz values of ``projected(m) -> (T, alive, M)`` (``m`` block steps of ``p``), certified.
 
     ``num_iterations`` counts products with ``E`` (the Krylov dimension, rounded up to whole blocks);
     ``None`` starts at :func:`default_num_products` and, when ``eager``, grows by 1.5x until the
     top ``k`` are certified or the basis spans all ``d`` dimensions.  Uncertified values raise when
-    ``eager`` and are NaN otherwise (``rtol=None``: no certification).
+    ``eager`` and are NaN otherwise (``rtol=None``: no certification).  ``with_status``: also return
+    the :class:`~minigeo.Status` (``NON_FINITE`` for a non-finite projected matrix, ``UNCERTIFIED``
+    when a value is NaN for want of a certificate, else ``OK``).
     """
+
+    def out(values: jax.Array, T: jax.Array) -> jax.Array | tuple[jax.Array, jax.Array]:
+        if not with_status:
+            return values
+        status = jnp.where(
+            ~jnp.all(jnp.isfinite(T)), Status.NON_FINITE, jnp.where(jnp.all(jnp.isfinite(values)), Status.OK, Status.UNCERTIFIED)
+        ).astype(jnp.int32)
+        return values, status
+
     if rtol is not None and not (isinstance(rtol, (int, float, np.floating)) and rtol > 0):
         raise GeometryError(f"top_eigenvalues: rtol must be positive or None, got {rtol!r}.")
     n = min(num_iterations, d) if num_iterations is not None else min(d, default_num_products(k, p))
@@ -377,11 +390,11 @@ def certified_top_eigenvalues(
         if eager:
             last_run.update(blocks=m, block_size=p, products=count_products() if count_products is not None else m * p)
         if rtol is None:
-            return jnp.where(valid, theta, jnp.nan)
+            return out(jnp.where(valid, theta, jnp.nan), T)
         ok, allowed = _accepted(theta, bounds, valid, T, rtol)
         certified = jnp.where(ok, theta, jnp.nan)
         if not eager or bool(jnp.all(ok)):
-            return certified
+            return out(certified, T)
         if num_iterations is None and m * p < d:
             m = max(m + 1, -(-3 * m // 2))
             continue
@@ -392,7 +405,7 @@ def certified_top_eigenvalues(
             f"{worst + 1} eigenvalues of the {what} are not certified: the residual bound of the leading "
             f"{worst + 1} Ritz values, {float(bounds[worst]):.3g}, exceeds rtol={rtol:g} x their scale "
             f"(allowed {float(allowed[worst]):.3g}); Ritz values {np.asarray(theta).round(6).tolist()}. Pass "
-            "num_iterations=None (adaptive), a larger num_iterations, or a larger rtol."
+            "num_iterations=None (adaptive), a larger num_iterations, or a larger rtol. [UNCERTIFIED]"
         )
 
 

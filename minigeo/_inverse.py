@@ -3,19 +3,16 @@
 ``metric=`` of :func:`minigeo.trace_estimate`, :func:`minigeo.top_eigenvalues` and the operators'
 methods is read by :func:`minigeo._metric.metric_field` (a :class:`~minigeo.Metric` or ``None``);
 :func:`_metric_inverse` turns it into ``v -> G^{-1} v`` (elementwise for a diagonal metric, its
-structure tag; conjugate gradients otherwise) and :func:`_diagnose_cg` re-raises the precise error
-of a failed conjugate-gradient solve eagerly.
+structure tag; conjugate gradients otherwise).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from typing import Callable
 
 import jax
 import jax.numpy as jnp
 
-from ._checks import is_concrete
-from ._estimators import rademacher_like
 from ._linalg import check_solver_options, solve_spd_cg
 from ._metric import Metric
 from ._tree import PyTree
@@ -61,10 +58,3 @@ _CG_HINT = (
     "The loss is not twice differentiable here, or overflowed; with a Metric, the conjugate-gradient solves "
     "may have failed (not positive definite, or not converged within maxiter): add damping or raise maxiter."
 )
-
-
-def _diagnose_cg(result: jax.Array, metric: MetricArg, params: PyTree, key: jax.Array, tol: float, maxiter: Any) -> None:
-    """After a non-finite compiled result with a Metric: one eager solve, which raises CG's precise error."""
-    if metric is not None and metric.diagonal_fn is None and is_concrete(result) and not bool(jnp.all(jnp.isfinite(result))):
-        probe = jax.tree_util.tree_map(lambda a: a[0], rademacher_like(key, params, 1))
-        _metric_inverse(metric, params, tol, maxiter)(probe)

@@ -35,6 +35,7 @@ from ._checks import (
     symmetry_rtol,
 )
 from ._tree import PyTree, ravel, tree_size
+from ._status import Status, raise_for_status
 
 __all__ = [
     "SolveInfo",
@@ -53,13 +54,13 @@ __all__ = [
     "symmetry_rtol",
 ]
 
-#: :attr:`SolveInfo.status` codes of :func:`solve_spd_cg`.
-CG_CONVERGED = 0
-CG_MAX_ITERATIONS = 1
-CG_NONPOSITIVE_CURVATURE = 2
-CG_NONFINITE = 3
-CG_INACCURATE = 4
-CG_NOT_SYMMETRIC = 5
+#: :attr:`SolveInfo.status` codes of the solvers: members of the one :class:`~minigeo.Status` enumeration.
+CG_CONVERGED = Status.OK
+CG_MAX_ITERATIONS = Status.MAX_ITERATIONS
+CG_NONPOSITIVE_CURVATURE = Status.NOT_POSITIVE_DEFINITE
+CG_NONFINITE = Status.NON_FINITE
+CG_INACCURATE = Status.INACCURATE
+CG_NOT_SYMMETRIC = Status.NOT_SYMMETRIC
 _RUNNING = -1
 
 
@@ -77,6 +78,7 @@ class SolveInfo(NamedTuple):
         :math:`\\lVert b - Ax\\rVert/\\lVert b\\rVert` computed in the working precision (``residual``),
         is at most ``tol`` (CG; ``tol`` raised to at least the dtype's ``eps``).
     status
+        A :class:`~minigeo.Status` code (``mg.Status(int(info.status))`` names it):
         ``0`` (``CG_CONVERGED``) converged; ``1`` (``CG_MAX_ITERATIONS``) reached ``maxiter`` without
         converging; ``2`` (``CG_NONPOSITIVE_CURVATURE``) not positive definite: CG met curvature
         :math:`p^\\top A p / p^\\top p \\le \\varepsilon\\max` (of the curvatures met so far), or the
@@ -481,12 +483,12 @@ def check_cg_solution(
     _raise_on_cg_failure(matvec, flat_b, info, tol_eff, maxiter, what)
 
 
-def _raise_on_cg_failure(matvec, b, info: SolveInfo, tol: float, maxiter: int, what: str) -> None:
-    status = int(info.status)
+def _cg_failure_message(matvec, b, info: SolveInfo, tol: float, maxiter: int, what: str, status: int) -> str | None:
+    """The eager message of a failed CG solve, with the numbers behind its status (``None``: no detail)."""
     k = int(info.iterations)
     curv = float(info.curvature)
     if status == CG_NONFINITE:
-        raise GeometryError(
+        return (
             f"conjugate gradients on {what} met non-finite values (NaN or infinity) after {k} iterations: the "
             "operator's products are not finite. Check the metric at these parameters."
         )
@@ -495,25 +497,36 @@ def _raise_on_cg_failure(matvec, b, info: SolveInfo, tol: float, maxiter: int, w
         uu = float(jnp.real(jnp.vdot(u, u)))
         rayleigh = abs(float(jnp.real(jnp.vdot(u, matvec(u))))) / uu if uu > 0 else 1.0
         suggestion = 1e-3 * (rayleigh if np.isfinite(rayleigh) and rayleigh > 0 else 1.0)
-        raise GeometryError(
+        return (
             f"{what} is not positive definite: add damping (e.g. damping={suggestion:.3g}). Conjugate gradients did "
             f"not converge: at iteration {k} it met non-positive curvature p^T A p / p^T p = {curv:.3g} <= 0, so the "
             "operator is singular or indefinite (on the directions explored). Add damping, or use a pseudo-inverse "
             "where a singular metric is intended."
         )
     if status == CG_MAX_ITERATIONS:
-        raise GeometryError(
+        return (
             f"conjugate gradients on {what} did not converge (relative residual {float(info.residual):.3g} > "
             f"tol={tol:.3g} after {maxiter} iterations). The operator is probably singular or badly conditioned: "
             "add damping (e.g. damping=1e-3), or raise maxiter."
         )
     if status == CG_INACCURATE:
-        raise GeometryError(
+        return (
             f"conjugate gradients on {what} did not reach tol={tol:.3g}: after {k} iterations and up to three "
             f"restarts from the true residual, the true relative residual is {float(info.residual):.3g} (round-off limits "
             "the accuracy). The operator is badly conditioned for this dtype: add damping (e.g. damping=1e-3), "
             "use float64, or loosen tol."
         )
+
+
+def _raise_on_cg_failure(matvec, b, info: SolveInfo, tol: float, maxiter: int, what: str) -> None:
+    """Raise from the solve's status (the one :class:`Status`), with the numbers behind it; nothing if OK."""
+    status = int(info.status)
+    if status == Status.OK:
+        return
+    message = _cg_failure_message(matvec, b, info, tol, maxiter, what, status)
+    if message is None:
+        raise_for_status(status, f"conjugate gradients on {what}")
+    raise GeometryError(f"{message} [{Status(status).name}]")
 
 
 def lanczos_tridiagonal(

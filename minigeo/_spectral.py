@@ -34,12 +34,47 @@ from ._estimators import (
     slq_breakdown_tol,
     slq_quadrature,
 )
-from ._inverse import _CG_HINT, _compilable, _diagnose_cg, _metric_inverse
-from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded
+from ._inverse import _CG_HINT, _compilable, _metric_inverse
+from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded, solve_spd_cg
+from ._status import Status, first_failure, raise_for_status
 from ._metric import Metric, metric_field
 from ._tree import PyTree, ravel, tree_size
 
-__all__ = ["Products", "hutchinson_trace", "certified_top", "slq_logdet", "check_num_probes"]
+__all__ = ["Products", "EstimateInfo", "hutchinson_trace", "certified_top", "slq_logdet", "check_num_probes"]
+
+
+class EstimateInfo(NamedTuple):
+    """What happened in a randomized estimate (``return_info=True``; also under ``jit``).
+
+    Attributes
+    ----------
+    status : jax.Array
+        An int32 :class:`~minigeo.Status` code: ``OK``; ``NON_FINITE`` (a product, or a solve with the
+        metric, gave NaN or infinity); a conjugate-gradient solve's own status (``MAX_ITERATIONS``,
+        ``NOT_POSITIVE_DEFINITE``, ``INACCURATE``) for a trace with a matrix-free metric;
+        ``UNCERTIFIED`` (eigenvalues past the certified ones, NaN); ``NOT_POSITIVE_DEFINITE`` (an SLQ
+        log-determinant of an operator that is not positive definite, NaN).  Eagerly the same
+        status raises :class:`~minigeo.GeometryError`.
+    num_products : int or jax.Array
+        Matrix-vector products with the curvature matrix (per example batch for a dataset operator).
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> f = lambda x: jnp.sum(jnp.arange(1.0, 4.0) * x**2)
+    >>> est, se, info = mg.trace_estimate(f, jnp.zeros(3), jax.random.PRNGKey(0), return_info=True)
+    >>> float(est), mg.Status(int(info.status)).name, info.num_products
+    (12.0, 'OK', 10)
+
+    References
+    ----------
+    No formula from the source papers: the failure convention shared with :class:`~minigeo.SolveInfo`
+    and :class:`~minigeo.SharpnessResult`. Chapter 4.
+    """
+
+    status: jax.Array
+    num_products: Any
 
 
 class Products(NamedTuple):
@@ -82,18 +117,25 @@ def check_num_probes(num_probes: Any, who: str) -> None:
 # ---------------------------------------------------------------------------
 # Hutchinson
 # ---------------------------------------------------------------------------
-def _duals(_key: Any, params: PyTree, metric: Metric, probes: PyTree, *, tol: float, maxiter: Any) -> PyTree:
-    """``G^{-1} z`` for every stacked probe (NaN where a CG solve failed); ``_key``: what the compilation is keyed on."""
-    return jax.lax.map(_metric_inverse(metric, params, tol, maxiter, strict=True), probes)
+def _duals(_key: Any, params: PyTree, metric: Metric, probes: PyTree, *, tol: float, maxiter: Any):
+    """``(G^{-1} z_i, status_i)`` for every stacked probe: NaN and the solve's status where CG failed."""
+    what = f"the {metric.name} metric"
+
+    def one(z: PyTree) -> tuple[PyTree, jax.Array]:
+        x, info = solve_spd_cg(metric.at(params), z, tol=tol, maxiter=maxiter, what=what, return_info=True)
+        return jax.tree_util.tree_map(lambda a: jnp.where(info.converged, a, jnp.nan), x), info.status
+
+    return jax.lax.map(one, probes)
 
 
 _compiled_duals = jit_per_callable(_duals, static_argnames=("tol", "maxiter"))
 
 
 def hutchinson_trace(
-    source: Products, key: jax.Array, metric: Any, *, num_probes: int, batched: str, tol: float, maxiter: Any, who: str
-) -> tuple[jax.Array, jax.Array]:
-    r"""``(estimate, standard_error)`` of :math:`\mathrm{tr}(G^{-1}M)` from Rademacher probes.
+    source: Products, key: jax.Array, metric: Any, *, num_probes: int, batched: str, tol: float, maxiter: Any,
+    who: str, return_info: bool = False,
+) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, EstimateInfo]:
+    r"""``(estimate, standard_error)`` of :math:`\mathrm{tr}(G^{-1}M)` from Rademacher probes (and the info).
 
     .. math:: \mathrm{tr}(G^{-1}M) = \mathbb E_z\big[(G^{-1}z)^\top M z\big].
     """
@@ -102,18 +144,26 @@ def hutchinson_trace(
         raise GeometryError(f"{who}: batched must be 'vmap' or 'map', got {batched!r}.")
     params = source.params
     metric = metric_field(metric, who)
-    _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter and a diagonal metric eagerly
+    apply_inverse = _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter, a diagonal metric
     probes = rademacher_like(key, params, num_probes)
+    solve_status = jnp.int32(Status.OK)
     if metric is None:
         duals = probes
-    elif _compilable(metric):
-        duals = _compiled_duals(metric.mv_fn, params, metric, probes, tol=tol, maxiter=maxiter)
+    elif metric.diagonal_fn is not None:
+        duals = jax.lax.map(apply_inverse, probes)
     else:
-        duals = _duals(None, params, metric, probes, tol=tol, maxiter=maxiter)
+        run = _compiled_duals if _compilable(metric) and is_concrete(params, key) else _duals
+        duals, statuses = run(metric.mv_fn, params, metric, probes, tol=tol, maxiter=maxiter)
+        solve_status = first_failure(statuses)
+        if is_concrete(solve_status):  # eagerly: raise from the solves' own status, before any product
+            raise_for_status(solve_status, who, detail=f"A conjugate-gradient solve with the {metric.name} metric failed.")
     values = source.terms(probes, duals, batched)
-    _diagnose_cg(values, metric, params, key, tol, maxiter)  # a failed CG solve: its own error, eagerly
     check_finite(values, f"The {source.name} products", hint=_CG_HINT)
-    return mean_and_standard_error(values)
+    status = first_failure(solve_status, jnp.where(jnp.all(jnp.isfinite(values)), Status.OK, Status.NON_FINITE))
+    est, se = mean_and_standard_error(values)
+    if return_info:
+        return est, se, EstimateInfo(status, num_probes)
+    return est, se
 
 
 # ---------------------------------------------------------------------------
@@ -130,6 +180,21 @@ def _block_inverse(_key: Any, params: PyTree, metric: Metric, V: jax.Array, *, t
 
 
 _compiled_block_inverse = jit_per_callable(_block_inverse, static_argnames=("tol", "maxiter"))
+
+
+def _block_solves(_key: Any, params: PyTree, metric: Metric, V: jax.Array, *, tol: float, maxiter: Any):
+    """``(G^{-1} v, status)`` for every row ``v`` of ``V`` by conjugate gradients (NaN where a solve failed)."""
+    unravel = ravel(params)[1]
+    what = f"the {metric.name} metric"
+
+    def one(v: jax.Array) -> tuple[jax.Array, jax.Array]:
+        x, info = solve_spd_cg(metric.at(params), unravel(v), tol=tol, maxiter=maxiter, what=what, return_info=True)
+        return jnp.where(info.converged, ravel(x)[0], jnp.nan), info.status
+
+    return jax.vmap(one)(V)
+
+
+_compiled_block_solves = jit_per_callable(_block_solves, static_argnames=("tol", "maxiter"))
 
 
 def fixed_block_lanczos(
@@ -153,7 +218,8 @@ def certified_top(
     maxiter: Any,
     block_size: int | None,
     who: str,
-) -> jax.Array:
+    return_info: bool = False,
+) -> jax.Array | tuple[jax.Array, EstimateInfo]:
     """The ``k`` largest eigenvalues of ``G^{-1}M``, certified (see :func:`minigeo.top_eigenvalues`).
 
     Eager and adaptive (``num_iterations=None``): the device run at the default size first (as under
@@ -177,10 +243,16 @@ def certified_top(
     device_products = [0]
     if metric is None:
         ginv_block = None
-    elif compiled:
-        ginv_block = lambda V: _compiled_block_inverse(metric.mv_fn, params, metric, V, **options)
-    else:
+    elif metric.diagonal_fn is not None:
         ginv_block = lambda V: _block_inverse(None, params, metric, V, **options)
+    else:
+        # conjugate gradients: eagerly every solve is checked, and its own status raised (never re-run)
+        def ginv_block(V: jax.Array) -> jax.Array:
+            run = _compiled_block_solves if compiled else _block_solves
+            X, statuses = run(metric.mv_fn, params, metric, V, **options)
+            raise_for_status(first_failure(statuses), who, detail=f"A conjugate-gradient solve with the {metric.name} metric failed.")
+            return X
+
     host: list = []  # the host run, built only when needed
 
     def on_host(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -188,7 +260,9 @@ def certified_top(
             host.append(ResumableBlockLanczos(source.block_mv, ginv_block, Z, key=restart_key))
         return host[0].projected(m, steps=source.steps) if source.steps is not None else host[0].projected(m)
 
-    if source.fixed is not None and (not eager or num_iterations is not None or compiled):
+    cg_metric = metric is not None and metric.diagonal_fn is None
+    # eagerly, a metric solved by CG runs on the host, where each block's solves are checked
+    if source.fixed is not None and (not eager or (not cg_metric and (num_iterations is not None or compiled))):
         m0 = -(-min(d, default_num_products(k, p)) // p)
         adaptive = eager and num_iterations is None
 
@@ -202,13 +276,13 @@ def certified_top(
         projected = on_host
 
     count = (lambda: device_products[0] + (host[0].products if host else 0)) if eager else None
-
-    def checked(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
-        out = projected(m)
-        _diagnose_cg(out[0], metric, params, key, tol, maxiter)  # a failed CG solve: its own error, eagerly
-        return out
-
-    return certified_top_eigenvalues(checked, d, k, p, num_iterations, rtol, eager, source.name, count)
+    values, status = certified_top_eigenvalues(
+        projected, d, k, p, num_iterations, rtol, eager, source.name, count, with_status=True
+    )
+    if return_info:
+        used = count() if count is not None else -(-min(num_iterations or default_num_products(k, p), d) // p) * p
+        return values, EstimateInfo(status, used)
+    return values
 
 
 # ---------------------------------------------------------------------------
@@ -242,7 +316,8 @@ def slq_logdet(
     on_host: bool = False,
     steps: Callable[[Iterable], Iterable] | None = None,
     who: str = "logdet_slq",
-) -> tuple[jax.Array, jax.Array]:
+    return_info: bool = False,
+) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, EstimateInfo]:
     r"""``(estimate, standard_error)`` of :math:`\log\det A` by stochastic Lanczos quadrature.
 
     ``on_host``: each probe's Lanczos basis in host memory, one product at a time (a pass over a
@@ -262,4 +337,12 @@ def slq_logdet(
     else:
         values, smallest, largest = _compiled_slq_probes(matvec, key, num_probes=num_probes, dim=dim, m=m, dtype=dtype)
     check_slq_positive(values, smallest, largest, rel, who)
-    return mean_and_standard_error(values)
+    est, se = mean_and_standard_error(values)
+    if return_info:
+        status = jnp.where(
+            ~jnp.all(jnp.isfinite(largest)),
+            Status.NON_FINITE,
+            jnp.where(jnp.all(smallest > rel * largest), Status.OK, Status.NOT_POSITIVE_DEFINITE),
+        ).astype(jnp.int32)
+        return est, se, EstimateInfo(status, num_probes * m)
+    return est, se

@@ -34,8 +34,8 @@ from ._checks import (
     is_concrete,
     symmetry_rtol,
 )
-from ._compile import jit_per_callable, one_trace_per_call
-from ._spectral import Products, certified_top, fixed_block_lanczos, hutchinson_trace
+from ._compile import bind_batch, jit_per_callable, one_trace_per_call
+from ._spectral import EstimateInfo, Products, certified_top, fixed_block_lanczos, hutchinson_trace
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel
 from ._metric import Metric, _matrix_field, metric_field
 
@@ -50,11 +50,12 @@ __all__ = [
     "endomorphism_slogdet",
     "trace_estimate",
     "top_eigenvalues",
+    "EstimateInfo",
 ]
 
 
 
-def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
+def hvp(f: Callable[..., jax.Array], params: PyTree, v: PyTree, *, batch: Any = None) -> PyTree:
     r"""Hessian-vector product by forward-over-reverse autodiff.
 
     .. math:: v \mapsto \nabla^2 f(\theta)\,v = \tfrac{d}{dt}\nabla f(\theta + t v)\big|_{t=0}.
@@ -66,11 +67,14 @@ def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
     Parameters
     ----------
     f : callable
-        The scalar function (loss) of a parameter pytree.
+        The scalar function (loss) of a parameter pytree: ``f(params, batch)`` or ``f(params)``.
     params : pytree
         The point :math:`\theta`.
     v : pytree
         The vector, with the structure of ``params``.
+    batch : pytree, optional
+        The data: with ``batch``, ``f`` is called as ``f(params, batch)`` (minigeo's one calling
+        convention, as in the operators and sharpness); without, ``f(params)`` (a closure).
 
     Returns
     -------
@@ -88,13 +92,16 @@ def hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
     >>> import minigeo as mg
     >>> mg.hvp(lambda x: x[0] ** 2 * x[1], jnp.array([1.0, 2.0]), jnp.array([1.0, 0.0]))
     Array([4., 2.], dtype=float32)
+    >>> loss = lambda w, b: 0.5 * jnp.mean((b["x"] @ w - b["y"]) ** 2)     # the data as an argument
+    >>> mg.hvp(loss, jnp.zeros(2), jnp.array([1.0, 0.0]), batch={"x": jnp.eye(2), "y": jnp.ones(2)})
+    Array([0.5, 0. ], dtype=float32)
 
     References
     ----------
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian, here used matrix-free). Chapter 4.
     """
     check_same_structure(params, v, "the vector v", "params")
-    return _compiled_hvp(f, params, v)
+    return _compiled_hvp(bind_batch(f, batch), params, v)
 
 
 def _hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
@@ -105,7 +112,7 @@ _compiled_hvp = jit_per_callable(_hvp)
 
 
 def hessian(
-    f: Callable[[PyTree], jax.Array], params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE
+    f: Callable[..., jax.Array], params: PyTree, *, batch: Any = None, max_size: int = DEFAULT_MAX_DENSE_SIZE
 ) -> jax.Array:
     r"""The dense Hessian over the flattened parameters (small models only).
 
@@ -114,9 +121,12 @@ def hessian(
     Parameters
     ----------
     f : callable
-        The scalar function (loss) of a parameter pytree.
+        The scalar function (loss) of a parameter pytree: ``f(params, batch)`` or ``f(params)``.
     params : pytree
         The point :math:`\theta`.
+    batch : pytree, optional
+        The data: with ``batch``, ``f`` is called as ``f(params, batch)`` (minigeo's one calling
+        convention, as in the operators and sharpness); without, ``f(params)`` (a closure).
     max_size : int, optional
         Largest number of parameters for which the dense matrix is built.
 
@@ -142,6 +152,7 @@ def hessian(
     ----------
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian as a bilinear form). Chapter 4.
     """
+    f = bind_batch(f, batch)
     flat, unravel = ravel(params)
     check_dense_size(flat.size, max_size, "The Hessian")
     H = jax.hessian(lambda q: f(unravel(q)))(flat)
@@ -455,16 +466,18 @@ def endomorphism_slogdet(H: jax.Array, G: jax.Array) -> tuple[jax.Array, jax.Arr
 # matrix-free
 # ---------------------------------------------------------------------------
 def trace_estimate(
-    f: Callable[[PyTree], jax.Array],
+    f: Callable[..., jax.Array],
     params: PyTree,
     key: jax.Array,
     *,
+    batch: Any = None,
     metric: Metric | None = None,
     num_probes: int = 10,
     batched: str = "vmap",
     tol: float = 1e-6,
     maxiter: int | None = None,
-) -> tuple[jax.Array, jax.Array]:
+    return_info: bool = False,
+) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, EstimateInfo]:
     r"""Hutchinson estimate of the invariant trace :math:`\mathrm{tr}(G^{-1}H)` at ``params``.
 
     .. math:: \mathrm{tr}(G^{-1}H) = \mathbb E_z\big[(G^{-1}z)^\top H z\big]
@@ -475,11 +488,14 @@ def trace_estimate(
     Parameters
     ----------
     f : callable
-        The scalar loss of a parameter pytree.
+        The scalar loss of a parameter pytree: ``f(params, batch)`` or ``f(params)``.
     params : pytree
         The point.
     key : jax.Array
         PRNG key: the estimate is reproducible given the key.
+    batch : pytree, optional
+        The data: with ``batch``, ``f`` is called as ``f(params, batch)`` (minigeo's one calling
+        convention, as in the operators and sharpness); without, ``f(params)`` (a closure).
     metric : :class:`~minigeo.Metric` or None, optional
         ``None`` (Euclidean: :math:`\mathrm{tr}\,H`) or a Metric, e.g. ``mg.metrics.diagonal(v)``
         for Adam's second-moment estimate ``v`` (solved elementwise) or a GGN (solved by CG).
@@ -491,11 +507,14 @@ def trace_estimate(
         Relative tolerance, in ``(0, 1)``, of the conjugate-gradient solves with a Metric.
     maxiter : int, optional
         Iteration cap of those solves, a positive int.
+    return_info : bool, optional
+        Also return an :class:`~minigeo.EstimateInfo` (its :class:`~minigeo.Status`): the way to
+        check the estimate under ``jit``, where nothing can be raised (a failed solve gives NaN).
 
     Returns
     -------
     tuple of two jax.Array
-        ``(estimate, standard_error)``.
+        ``(estimate, standard_error)``; ``(estimate, standard_error, info)`` with ``return_info``.
 
     Raises
     ------
@@ -519,17 +538,18 @@ def trace_estimate(
     params = as_float_point(params, "params")
     check_finite(params, "params")
     return hutchinson_trace(
-        _point_products(f, params), key, metric, num_probes=num_probes, batched=batched, tol=tol, maxiter=maxiter,
-        who="trace_estimate",
+        _point_products(bind_batch(f, batch), params), key, metric, num_probes=num_probes, batched=batched, tol=tol, maxiter=maxiter,
+        who="trace_estimate", return_info=return_info,
     )
 
 
 @one_trace_per_call()
 def top_eigenvalues(
-    f: Callable[[PyTree], jax.Array],
+    f: Callable[..., jax.Array],
     params: PyTree,
     key: jax.Array,
     *,
+    batch: Any = None,
     k: int = 1,
     metric: Metric | None = None,
     num_iterations: int | None = None,
@@ -537,7 +557,8 @@ def top_eigenvalues(
     tol: float = 1e-8,
     maxiter: int | None = None,
     block_size: int | None = None,
-) -> jax.Array:
+    return_info: bool = False,
+) -> jax.Array | tuple[jax.Array, EstimateInfo]:
     r"""The ``k`` largest eigenvalues of :math:`E = G^{-1}H`, counted with multiplicity, by block Lanczos, certified.
 
     .. math:: \langle u, Ev\rangle_G = u^\top G\,G^{-1}H v = u^\top H v,
@@ -599,11 +620,14 @@ def top_eigenvalues(
     Parameters
     ----------
     f : callable
-        The scalar loss of a parameter pytree.
+        The scalar loss of a parameter pytree: ``f(params, batch)`` or ``f(params)``.
     params : pytree
         The point.
     key : jax.Array
         PRNG key of the start block and restart vectors.
+    batch : pytree, optional
+        The data: with ``batch``, ``f`` is called as ``f(params, batch)`` (minigeo's one calling
+        convention, as in the operators and sharpness); without, ``f(params)`` (a closure).
     k : int, optional
         How many of the largest eigenvalues (counted with multiplicity).
     metric : :class:`~minigeo.Metric` or None, optional
@@ -621,11 +645,16 @@ def top_eigenvalues(
     block_size : int, optional
         Start vectors :math:`p`; ``None``: :math:`k + 2` (1 for :math:`k = 1`).  Multiplicities up
         to :math:`p` are resolved; a smaller :math:`p` than :math:`k` may miss copies.
+    return_info : bool, optional
+        Also return an :class:`~minigeo.EstimateInfo`: ``status`` ``UNCERTIFIED`` when values are NaN
+        for want of a certificate (under ``jit``), ``NON_FINITE`` for non-finite products or a failed
+        solve; ``num_products`` the products with :math:`H`.
 
     Returns
     -------
     jax.Array
-        The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated.
+        The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated; ``(values, info)``
+        with ``return_info``.
 
     Raises
     ------
@@ -651,8 +680,8 @@ def top_eigenvalues(
     params = as_float_point(params, "params")
     check_finite(params, "params")
     return certified_top(
-        _point_products(f, params), key, metric, k=k, num_iterations=num_iterations, rtol=rtol, tol=tol,
-        maxiter=maxiter, block_size=block_size, who="top_eigenvalues",
+        _point_products(bind_batch(f, batch), params), key, metric, k=k, num_iterations=num_iterations, rtol=rtol, tol=tol,
+        maxiter=maxiter, block_size=block_size, who="top_eigenvalues", return_info=return_info,
     )
 
 

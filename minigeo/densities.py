@@ -27,8 +27,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ._compile import bind_batch
 from ._checks import GeometryError, check_finite, check_spd, check_square_matrix, is_concrete
-from ._spectral import slq_logdet
+from ._spectral import EstimateInfo, slq_logdet
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .coords import Reparametrization
 from .curvature import hessian, hvp
@@ -193,7 +194,8 @@ def logdet_slq(
     num_probes: int = 20,
     num_iterations: int = 30,
     dtype: Any = None,
-) -> tuple[jax.Array, jax.Array]:
+    return_info: bool = False,
+) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, EstimateInfo]:
     r"""Stochastic Lanczos quadrature estimate of :math:`\log\det A` for a symmetric positive-definite operator.
 
     .. math::
@@ -219,11 +221,15 @@ def logdet_slq(
         Lanczos steps per probe (capped at ``dim``).
     dtype : dtype, optional
         Probe dtype (default: JAX's default float).
+    return_info : bool, optional
+        Also return an :class:`~minigeo.EstimateInfo`: ``status`` ``NOT_POSITIVE_DEFINITE`` (the
+        estimate is NaN under ``jit``) or ``NON_FINITE``; ``num_products`` the products used.
 
     Returns
     -------
     tuple of jax.Array
-        ``(estimate, standard_error)`` over the probes.
+        ``(estimate, standard_error)`` over the probes; ``(estimate, standard_error, info)`` with
+        ``return_info``.
 
     Raises
     ------
@@ -267,7 +273,9 @@ def logdet_slq(
     if not (isinstance(dim, (int, np.integer)) and not isinstance(dim, bool) and dim >= 1):
         raise GeometryError(f"logdet_slq: dim must be a positive int, got {dim!r}.")
     dtype = jnp.dtype(dtype or jnp.result_type(float))
-    return slq_logdet(matvec, int(dim), key, num_probes=num_probes, num_iterations=num_iterations, dtype=dtype)
+    return slq_logdet(
+        matvec, int(dim), key, num_probes=num_probes, num_iterations=num_iterations, dtype=dtype, return_info=return_info
+    )
 
 
 class LaplaceEvidence(NamedTuple):
@@ -317,9 +325,10 @@ class LaplaceEvidence(NamedTuple):
 
 
 def laplace_log_marginal_likelihood(
-    neg_log_joint: Callable[[PyTree], jax.Array],
+    neg_log_joint: Callable[..., jax.Array],
     params: PyTree,
     *,
+    batch: Any = None,
     curvature: Metric | None = None,
     prior_precision: float = 0.0,
     metric: Metric | jax.Array | None = None,
@@ -337,9 +346,13 @@ def laplace_log_marginal_likelihood(
     Parameters
     ----------
     neg_log_joint : callable
-        :math:`\mathcal L(\theta) = -\log p(\mathcal D\mid\theta) - \log p(\theta)` (up to the constant you want in :math:`Z`).
+        :math:`\mathcal L(\theta) = -\log p(\mathcal D\mid\theta) - \log p(\theta)` (up to the constant you want in :math:`Z`):
+        ``neg_log_joint(params, batch)`` with ``batch``, ``neg_log_joint(params)`` (data closed over) without.
     params : array or pytree
         The MAP estimate :math:`\theta^*`.
+    batch : pytree, optional
+        The data :math:`\mathcal D`, passed as the second argument of ``neg_log_joint`` (minigeo's one
+        calling convention).
     curvature : :class:`~minigeo.Metric`, optional
         ``None``: the exact Hessian of ``neg_log_joint``; or a :class:`~minigeo.Metric`
         such as ``mg.ggn(model, nll)``, positive definite even away from a strict minimum.
@@ -395,6 +408,7 @@ def laplace_log_marginal_likelihood(
     Table 1; MacKay (1992). Taught in chapter 5, *Densities and volume forms*.
     """
     metric = metric_field(metric, "laplace_log_marginal_likelihood")
+    neg_log_joint = bind_batch(neg_log_joint, batch)
     if reparametrization is not None:
         if isinstance(reparametrization, Reparametrization):
             to_theta, to_psi = reparametrization.inverse, reparametrization.forward

@@ -35,7 +35,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import GeometryError
+from ._checks import GeometryError, split_batch
 from ._metric import Metric, as_metric, dense, diagonal, euclidean, metric_field
 from ._tree import PyTree
 
@@ -123,7 +123,7 @@ def _pullback_mv(f: Callable[[PyTree], PyTree], out_mv: Callable[[PyTree, PyTree
     return mv
 
 
-def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Array]) -> Metric:
+def ggn(model_fn: Callable[..., PyTree], loss_fn: Callable[..., jax.Array], *, batch: Any = None) -> Metric:
     r"""The generalized Gauss-Newton matrix of a model and an output-space loss.
 
     .. math:: G(\theta) = J(\theta)^\top H_z J(\theta),\qquad H_z = \nabla_z^2\,\ell(z)\big|_{z = f(\theta)}.
@@ -135,9 +135,14 @@ def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Ar
     Parameters
     ----------
     model_fn : callable
-        ``params -> outputs`` on the data (the data are closed over).
+        ``model_fn(params, inputs) -> outputs`` with ``batch``; ``params -> outputs`` (the data closed
+        over) without.
     loss_fn : callable
-        ``outputs -> scalar`` (targets closed over); :math:`H_z = \nabla_z^2` of it.
+        ``loss_fn(outputs, targets) -> scalar`` with ``batch``; ``outputs -> scalar`` (targets closed
+        over) without; :math:`H_z = \nabla_z^2` of it.
+    batch : pair, optional
+        ``(inputs, targets)``: minigeo's one calling convention for data, as in
+        :func:`~minigeo.ggn_operator` (whose per-batch metric this is).
 
     Returns
     -------
@@ -159,6 +164,11 @@ def ggn(model_fn: Callable[[PyTree], PyTree], loss_fn: Callable[[PyTree], jax.Ar
     Kristiadi, Dangel & Hennig (2023), Sec. 2.1, eq. (3), and Sec. 3.4; Grosse (2022), CSC2541 lecture 3
     *Metrics* (Gauss-Newton, ``gnhvp``). Chapter 2.
     """
+
+    if batch is not None:
+        inputs, targets = split_batch(batch, "ggn")
+        model_of, loss_of = model_fn, loss_fn
+        model_fn, loss_fn = (lambda p: model_of(p, inputs)), (lambda z: loss_of(z, targets))
 
     def output_hvp(z: PyTree, u: PyTree) -> PyTree:
         return jax.jvp(jax.grad(loss_fn), (z,), (u,))[1]
@@ -328,9 +338,10 @@ def _scale(reduction: str, n: int, who: str) -> float:
 
 
 def fisher(
-    model_fn: Callable[[PyTree], jax.Array],
+    model_fn: Callable[..., jax.Array],
     likelihood: Union[str, Likelihood] = "categorical",
     *,
+    batch: Any = None,
     reduction: str = "mean",
     mc_samples: int | None = None,
     key: jax.Array | None = None,
@@ -343,10 +354,13 @@ def fisher(
     Parameters
     ----------
     model_fn : callable
-        ``params -> z``, outputs with a leading batch axis (logits for
-        ``"categorical"``, means for ``"gaussian"``).
+        ``model_fn(params, inputs) -> z`` with ``batch``, ``params -> z`` without: outputs with a
+        leading batch axis (logits for ``"categorical"``, means for ``"gaussian"``).
     likelihood : {"categorical", "gaussian"} or :class:`~minigeo.Likelihood`, optional
         ``"gaussian"`` has :math:`\sigma = 1`.
+    batch : pair, optional
+        ``(inputs, targets)`` (the targets are not used: the Fisher takes its targets from the model),
+        as in :func:`~minigeo.fisher_operator`.
     reduction : {"mean", "sum"}, optional
         ``"mean"`` divides by the batch size (matches a mean loss), ``"sum"`` does not.
     mc_samples : int, optional
@@ -382,6 +396,10 @@ def fisher(
     (Fisher as the pullback of the KL Hessian). Chapter 2.
     """
     lik = _as_likelihood(likelihood)
+    if batch is not None:
+        inputs, _ = split_batch(batch, "fisher")
+        model_of = model_fn
+        model_fn = lambda p: model_of(p, inputs)
     if mc_samples is None:
 
         def mv(params: PyTree, v: PyTree) -> PyTree:
@@ -410,9 +428,10 @@ def fisher(
 
 
 def empirical_fisher(
-    model_fn: Callable[[PyTree], jax.Array],
-    per_example_loss_fn: Callable[[jax.Array], jax.Array],
+    model_fn: Callable[..., jax.Array],
+    per_example_loss_fn: Callable[..., jax.Array],
     *,
+    batch: Any = None,
     reduction: str = "mean",
 ) -> Metric:
     r"""The "empirical Fisher": outer products of per-example output gradients at the training targets.
@@ -427,9 +446,12 @@ def empirical_fisher(
     Parameters
     ----------
     model_fn : callable
-        ``params -> z`` with a leading batch axis.
+        ``model_fn(params, inputs) -> z`` with ``batch``, ``params -> z`` without; a leading batch axis.
     per_example_loss_fn : callable
-        ``z -> (N,)`` per-example losses at the training targets (closed over).
+        ``per_example_loss_fn(z, targets) -> (N,)`` with ``batch``; ``z -> (N,)`` (the training
+        targets closed over) without.
+    batch : pair, optional
+        ``(inputs, targets)``, as in :func:`~minigeo.empirical_fisher_operator`.
     reduction : {"mean", "sum"}, optional
         ``"mean"`` (default) divides by :math:`N`.
 
@@ -458,6 +480,10 @@ def empirical_fisher(
     Grosse (2022), CSC2541 lecture 3 *Metrics* (empirical Fisher vs Fisher); Kunstner et al. (2019).
     Chapter 2.
     """
+    if batch is not None:
+        inputs, targets = split_batch(batch, "empirical_fisher")
+        model_of, loss_of = model_fn, per_example_loss_fn
+        model_fn, per_example_loss_fn = (lambda p: model_of(p, inputs)), (lambda z: loss_of(z, targets))
 
     def mv(params: PyTree, v: PyTree) -> PyTree:
         z, jv, transpose = _linearized(model_fn, params, v)

@@ -586,6 +586,7 @@ class CurvatureOperator:
         maxiter: int | None = None,
         progress: Any = False,
         max_batches: int | None = None,
+        return_info: bool = False,
     ) -> tuple[jax.Array, jax.Array]:
         r"""Hutchinson estimate of :math:`\mathrm{tr}(G^{-1}M)` over the dataset, in **one** pass.
 
@@ -616,6 +617,8 @@ class CurvatureOperator:
             Show a progress bar.
         max_batches : int, optional
             Use at most this many batches (required for an iterable without a length).
+        return_info : bool, optional
+            Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
 
         Returns
         -------
@@ -662,7 +665,7 @@ class CurvatureOperator:
         source = Products(self.params, self.name, terms, self._dataset_block_mv)
         return hutchinson_trace(
             source, key, metric, num_probes=num_probes, batched=batched, tol=tol, maxiter=maxiter,
-            who=f"{self.name}.trace_estimate",
+            who=f"{self.name}.trace_estimate", return_info=return_info,
         )
 
     @one_trace_per_call()
@@ -680,6 +683,7 @@ class CurvatureOperator:
         progress: Any = False,
         max_batches: int | None = None,
         block_size: int | None = None,
+        return_info: bool = False,
     ) -> jax.Array:
         r"""The ``k`` largest eigenvalues of :math:`G^{-1}M` over the dataset, counted with multiplicity, by block Lanczos.
 
@@ -722,6 +726,8 @@ class CurvatureOperator:
         block_size : int, optional
             Start vectors :math:`p`, as in :func:`~minigeo.top_eigenvalues` (default :math:`k + 2`,
             1 for :math:`k = 1`).
+        return_info : bool, optional
+            Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
 
         Returns
         -------
@@ -755,7 +761,7 @@ class CurvatureOperator:
         source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, fresh()), steps=steps)
         return certified_top(
             source, key, metric, k=k, num_iterations=num_iterations, rtol=rtol, tol=tol, maxiter=maxiter,
-            block_size=block_size, who=f"{self.name}.top_eigenvalues",
+            block_size=block_size, who=f"{self.name}.top_eigenvalues", return_info=return_info,
         )
 
     def _dataset_block_mv(self, V: jax.Array, batches: Iterable[Batch]) -> jax.Array:
@@ -785,6 +791,7 @@ class CurvatureOperator:
         num_iterations: int = 30,
         progress: Any = False,
         max_batches: int | None = None,
+        return_info: bool = False,
     ) -> tuple[jax.Array, jax.Array]:
         r"""Stochastic Lanczos quadrature of :math:`\log\det(M + \lambda I)` over the dataset.
 
@@ -810,6 +817,8 @@ class CurvatureOperator:
             Show a progress bar.
         max_batches : int, optional
             Use at most this many batches per pass (required for batches without a length).
+        return_info : bool, optional
+            Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
 
         Returns
         -------
@@ -847,6 +856,7 @@ class CurvatureOperator:
         return slq_logdet(
             apply, flat0.size, key, num_probes=num_probes, num_iterations=num_iterations, dtype=flat0.dtype,
             on_host=True, steps=lambda probes: _progress(probes, progress, f"{self.name} SLQ", total=num_probes),
+            return_info=return_info,
         )
 
 
@@ -877,12 +887,6 @@ _batch_terms = jit_per_callable(_terms_impl, static_argnames=("batched",))
 _batch_block_product = jit_per_callable(
     lambda batch_mv, params, V, batch: jax.vmap(batch_mv, in_axes=(None, 0, None))(params, V, batch)
 )
-
-
-def _split(batch: Batch, who: str) -> tuple[Any, Any]:
-    if not (isinstance(batch, (tuple, list)) and len(batch) == 2):
-        raise GeometryError(f"{who}: a batch must be a pair (inputs, targets); got {type(batch).__name__}.")
-    return batch[0], batch[1]
 
 
 def hessian_operator(
@@ -926,9 +930,7 @@ def hessian_operator(
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1, eq. (5) (the Hessian as a bilinear form). Taught in
     chapter 4, *Invariant Hessians*.
     """
-    return CurvatureOperator(
-        lambda p, v, batch: hvp(lambda q: loss_fn(q, batch), p, v), params, "Hessian", examples=examples
-    )
+    return CurvatureOperator(lambda p, v, batch: hvp(loss_fn, p, v, batch=batch), params, "Hessian", examples=examples)
 
 
 def ggn_operator(
@@ -980,8 +982,7 @@ def ggn_operator(
     """
 
     def mv(p, v, batch):
-        x, t = _split(batch, "ggn_operator")
-        return ggn(lambda q: model_fn(q, x), lambda z: loss_fn(z, t)).mv(p, v)
+        return ggn(model_fn, loss_fn, batch=batch).mv(p, v)
 
     return CurvatureOperator(mv, params, "GGN", examples=examples)
 
@@ -1038,8 +1039,7 @@ def fisher_operator(
     fisher(lambda q: q, likelihood)  # validate the likelihood eagerly
 
     def mv(p, v, batch):
-        x, _ = _split(batch, "fisher_operator")
-        return fisher(lambda q: model_fn(q, x), likelihood).mv(p, v)
+        return fisher(model_fn, likelihood, batch=batch).mv(p, v)
 
     return CurvatureOperator(mv, params, "Fisher", examples=examples)
 
@@ -1093,7 +1093,6 @@ def empirical_fisher_operator(
     """
 
     def mv(p, v, batch):
-        x, t = _split(batch, "empirical_fisher_operator")
-        return empirical_fisher(lambda q: model_fn(q, x), lambda z: per_example_loss_fn(z, t)).mv(p, v)
+        return empirical_fisher(model_fn, per_example_loss_fn, batch=batch).mv(p, v)
 
     return CurvatureOperator(mv, params, "empirical Fisher", examples=examples)

@@ -237,7 +237,7 @@ def _raise_if_pair_inaccurate(who: str, geometry, fac: list, dtype, rtol: float)
             f"pair has an infinite bound). Remedies: the relaxation eps > 0 of metric (15) (App. G.2), e.g. "
             f"mg.symmetry_spec(..., eps={eps_ok:.1g}), which makes this pair's bound <= rtol/2 but breaks exact "
             "invariance by about eps / s_min^2; float64; a looser rtol (at most the error you can accept); or a "
-            "better-conditioned point."
+            "better-conditioned point. [ILL_CONDITIONED_PAIR]"
         )
 
 
@@ -247,7 +247,7 @@ def _raise_if_non_finite(who: str, per_batch, finite) -> None:
         raise GeometryError(
             f"{who}: the loss or its gradient is not finite at the base point or along the search on "
             f"batch {int(bad[0])} ({bad.size} of {np.size(finite)} batches; values {np.asarray(per_batch)[bad][:3]}). "
-            "Check the loss at params (NaN/inf inputs, log of 0), use float64, or a smaller rho."
+            "Check the loss at params (NaN/inf inputs, log of 0), use float64, or a smaller rho. [NON_FINITE]"
         )
 
 

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from .._checks import GeometryError
+from .._status import Status
 from .._tree import PyTree
 
 Path = Sequence[Any]
@@ -258,9 +259,13 @@ def symmetry_spec(
     return SymmetrySpec(tuple(pairs), len(leaves), float(eps), tuple(gl1), fixed, tuple(names))
 
 
-#: :attr:`SharpnessResult.status` codes: success, a GL(h) pair too ill conditioned for the requested accuracy
-#: (or rank deficient), a non-finite value, a traced ``rho`` outside ``(0, 1/eps]`` of the loss's dtype.
-STATUS_OK, STATUS_SINGULAR_PAIR, STATUS_NON_FINITE, STATUS_BAD_RHO = 0, 1, 2, 3
+#: :attr:`SharpnessResult.status` codes, members of the one :class:`~minigeo.Status` enumeration: success,
+#: a GL(h) pair too ill conditioned for the requested accuracy (or rank deficient), a non-finite value, a
+#: traced ``rho`` outside ``(0, 1/eps]`` of the loss's dtype.
+STATUS_OK = Status.OK
+STATUS_SINGULAR_PAIR = Status.ILL_CONDITIONED_PAIR
+STATUS_NON_FINITE = Status.NON_FINITE
+STATUS_BAD_RHO = Status.RHO_OUT_OF_RANGE
 
 #: Default accuracy (relative) that :func:`geodesic_sharpness` requires of its factorization of metric (15).
 DEFAULT_RTOL = 1e-2
@@ -280,11 +285,13 @@ class SharpnessResult(NamedTuple):
         The maximizing perturbation of each batch, stacked along a leading axis, when the call asked
         for it (``return_perturbation=True``; at ViT-B/32 that is 88 M numbers per batch), else ``None``.
     status : jax.Array
-        int32 scalar: ``0`` (``STATUS_OK``), ``1`` (``STATUS_SINGULAR_PAIR``: a GL(h) pair is so ill
-        conditioned at its dtype that ``error_bound`` exceeds the call's ``rtol``, rank-deficient pairs
-        included), ``2`` (``STATUS_NON_FINITE``, the loss or its gradient was NaN/inf at the base point or
-        during the search) or ``3`` (``STATUS_BAD_RHO``, a traced ``rho`` above ``1/eps`` of the loss's
-        dtype, see :func:`adaptive_sharpness`).  Called eagerly,
+        int32 scalar, a :class:`~minigeo.Status` code (``mg.Status(int(result.status))`` names it):
+        ``0`` (``Status.OK``), ``6`` (``Status.ILL_CONDITIONED_PAIR``, alias ``STATUS_SINGULAR_PAIR``: a
+        GL(h) pair is so ill conditioned at its dtype that ``error_bound`` exceeds the call's ``rtol``,
+        rank-deficient pairs included), ``3`` (``Status.NON_FINITE``, alias ``STATUS_NON_FINITE``: the
+        loss or its gradient was NaN/inf at the base point or during the search) or ``7``
+        (``Status.RHO_OUT_OF_RANGE``, alias ``STATUS_BAD_RHO``: a traced ``rho`` above ``1/eps`` of the
+        loss's dtype, see :func:`adaptive_sharpness`).  Called eagerly,
         :func:`adaptive_sharpness` and :func:`geodesic_sharpness` raise :class:`GeometryError` instead;
         under ``jax.jit`` they cannot raise, so check ``result.status`` (or ``result.ok``) yourself.
     error_bound : jax.Array
