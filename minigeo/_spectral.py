@@ -150,7 +150,7 @@ def hutchinson_trace(
     if metric is None:
         duals = probes
     elif metric.diagonal_fn is not None:
-        duals = jax.lax.map(apply_inverse, probes)
+        duals = apply_inverse(probes)  # elementwise: the weights broadcast over the stacked probes
     else:
         run = _compiled_duals if _compilable(metric) and is_concrete(params, key) else _duals
         duals, statuses = run(metric.mv_fn, params, metric, probes, tol=tol, maxiter=maxiter)

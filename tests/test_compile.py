@@ -196,7 +196,7 @@ def test_trace_and_eigenvalues_second_eager_call_compile_nothing(dtype):
     calls = {
         "trace": lambda: mg.trace_estimate(loss, params, key, num_probes=500)[0],
         "trace, diagonal metric": lambda: mg.trace_estimate(
-            loss, params, key, metric=jax.tree_util.tree_map(lambda a: jnp.full_like(a, 2.0), params)
+            loss, params, key, metric=mg.metrics.diagonal(jax.tree_util.tree_map(lambda a: jnp.full_like(a, 2.0), params))
         )[0],
         "eigenvalues, fixed": lambda: mg.top_eigenvalues(loss, params, key, k=2, num_iterations=8),
         "eigenvalues, adaptive": lambda: mg.top_eigenvalues(loss, params, key, k=2),

@@ -169,9 +169,9 @@ def test_top_eigenvalues_of_the_endomorphism_with_a_diagonal_metric():
     Hd = _dense_full_batch("hessian", params, X, y)
     exact = np.sort(np.asarray(mg.endomorphism_eigenvalues(Hd, jnp.diag(ravel_pytree(w)[0]))))[::-1][:2]
     op = mg.hessian_operator(_loss, params)
-    got = op.top_eigenvalues(jax.random.PRNGKey(0), mg.batches_of((X, y), 10), k=2, metric=w, num_iterations=d)
+    got = op.top_eigenvalues(jax.random.PRNGKey(0), mg.batches_of((X, y), 10), k=2, metric=mg.metrics.diagonal(w), num_iterations=d)
     np.testing.assert_allclose(got, exact, rtol=1e-8)
-    ref = mg.top_eigenvalues(lambda p: _loss(p, (X, y)), params, jax.random.PRNGKey(0), k=2, metric=w, num_iterations=d)
+    ref = mg.top_eigenvalues(lambda p: _loss(p, (X, y)), params, jax.random.PRNGKey(0), k=2, metric=mg.metrics.diagonal(w), num_iterations=d)
     np.testing.assert_allclose(got, ref, rtol=1e-8)
 
 
