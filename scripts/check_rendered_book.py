@@ -418,7 +418,7 @@ class DevTools:
         return result["result"].get("value")
 
     def screenshot(self, path: Path, clip: dict | None = None, full_page: bool = False) -> None:
-        params: dict = {"format": "png", "captureBeyondViewport": full_page or clip is not None}
+        params: dict = {"format": "png", "captureBeyondViewport": full_page}
         if clip:
             params["clip"] = {**clip, "scale": 1}
         elif full_page:
