@@ -69,7 +69,7 @@ class EstimateInfo(NamedTuple):
 
     References
     ----------
-    No formula from the source papers: the failure convention shared with :class:`~minigeo.SolveInfo`
+    No formula from the source papers: the failure convention shared with ``SolveInfo``
     and :class:`~minigeo.SharpnessResult`. Chapter 4.
     """
 

@@ -1,6 +1,6 @@
 r"""One status enumeration for every computation that can fail for numerical reasons (floor 1).
 
-Under ``jit`` nothing can be raised, so a solve (:class:`~minigeo.SolveInfo`), a sharpness search
+Under ``jit`` nothing can be raised, so a solve (``SolveInfo``), a sharpness search
 (:class:`~minigeo.SharpnessResult`) and the randomized estimators (:class:`~minigeo.EstimateInfo`,
 with ``return_info=True``) report a :class:`Status`; eagerly the same status raises a
 :class:`~minigeo.GeometryError` with its message (:func:`raise_for_status`), from the status the
@@ -20,19 +20,19 @@ from ._checks import GeometryError
 class Status(enum.IntEnum):
     r"""Why a result cannot be trusted (``OK``: it can), shared by every minigeo computation.
 
-    ========================  =====  =============================================================
-    member                    code   meaning
-    ========================  =====  =============================================================
-    ``OK``                    0      the result is what was asked for
-    ``MAX_ITERATIONS``        1      an iterative solve reached ``maxiter`` before ``tol``
-    ``NOT_POSITIVE_DEFINITE`` 2      a matrix that must be positive definite is not (to working precision)
-    ``NON_FINITE``            3      NaN or infinity met in the products, the matrix or the values
-    ``INACCURATE``            4      round-off kept the true residual above ``tol``
-    ``NOT_SYMMETRIC``         5      a matrix that must be symmetric is not
-    ``ILL_CONDITIONED_PAIR``  6      a GL(h) pair too ill-conditioned for the requested accuracy
-    ``RHO_OUT_OF_RANGE``      7      a radius :math:`\rho` outside :math:`(0, 1/\varepsilon]`
-    ``UNCERTIFIED``           8      Krylov values whose residual bound exceeds the tolerance
-    ========================  =====  =============================================================
+    ============================  =====  =============================================================
+    member                        code   meaning
+    ============================  =====  =============================================================
+    ``OK``                        0      the result is what was asked for
+    ``MAX_ITERATIONS``            1      an iterative solve reached ``maxiter`` before ``tol``
+    ``NOT_POSITIVE_DEFINITE``     2      a matrix that must be positive definite is not (to working precision)
+    ``NON_FINITE``                3      NaN or infinity met in the products, the matrix or the values
+    ``INACCURATE``                4      round-off kept the true residual above ``tol``
+    ``NOT_SYMMETRIC``             5      a matrix that must be symmetric is not
+    ``ILL_CONDITIONED_PAIR``      6      a GL(h) pair too ill-conditioned for the requested accuracy
+    ``RHO_OUT_OF_RANGE``          7      a radius :math:`\rho` outside :math:`(0, 1/\varepsilon]`
+    ``UNCERTIFIED``               8      Krylov values whose residual bound exceeds the tolerance
+    ============================  =====  =============================================================
 
     Examples
     --------

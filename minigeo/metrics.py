@@ -140,7 +140,7 @@ def ggn(model_fn: Callable[..., PyTree], loss_fn: Callable[..., jax.Array], *, b
     loss_fn : callable
         ``loss_fn(outputs, targets) -> scalar`` with ``batch``; ``outputs -> scalar`` (targets closed
         over) without; :math:`H_z = \nabla_z^2` of it.
-    batch : pair, optional
+    batch : tuple, optional
         ``(inputs, targets)``: minigeo's one calling convention for data, as in
         :func:`~minigeo.ggn_operator` (whose per-batch metric this is).
 
@@ -358,7 +358,7 @@ def fisher(
         leading batch axis (logits for ``"categorical"``, means for ``"gaussian"``).
     likelihood : {"categorical", "gaussian"} or :class:`~minigeo.Likelihood`, optional
         ``"gaussian"`` has :math:`\sigma = 1`.
-    batch : pair, optional
+    batch : tuple, optional
         ``(inputs, targets)`` (the targets are not used: the Fisher takes its targets from the model),
         as in :func:`~minigeo.fisher_operator`.
     reduction : {"mean", "sum"}, optional
@@ -450,7 +450,7 @@ def empirical_fisher(
     per_example_loss_fn : callable
         ``per_example_loss_fn(z, targets) -> (N,)`` with ``batch``; ``z -> (N,)`` (the training
         targets closed over) without.
-    batch : pair, optional
+    batch : tuple, optional
         ``(inputs, targets)``, as in :func:`~minigeo.empirical_fisher_operator`.
     reduction : {"mean", "sum"}, optional
         ``"mean"`` (default) divides by :math:`N`.
