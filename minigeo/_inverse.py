@@ -38,15 +38,21 @@ def _metric_inverse(
         w = metric.diagonal_fn(params)
         damping = metric.damping
         return lambda v: jax.tree_util.tree_map(lambda a, wi: a / (wi + damping), v, w)
-    what = f"the {metric.name} metric"
     if not strict:
+        what = f"the {metric.name} metric"
         return lambda v: solve_spd_cg(metric.at(params), v, tol=tol, maxiter=maxiter, what=what)
+    return lambda v: cg_solve_or_nan(metric, params, v, tol, maxiter)[0]
 
-    def solve(v: PyTree) -> PyTree:
-        x, info = solve_spd_cg(metric.at(params), v, tol=tol, maxiter=maxiter, what=what, return_info=True)
-        return jax.tree_util.tree_map(lambda a: jnp.where(info.converged, a, jnp.nan), x)
 
-    return solve
+def cg_solve_or_nan(metric: Metric, params: PyTree, v: PyTree, tol: float, maxiter: int | None) -> tuple[PyTree, jax.Array]:
+    """``(G^{-1} v, status)`` by conjugate gradients: NaN where the solve failed, and the solve's own status.
+
+    Under ``jit`` a failed solve cannot raise, so its result is NaN (never a finite wrong number) and the
+    status says why; eager callers raise from that status (:func:`~minigeo._status.raise_for_status`).
+    """
+    what = f"the {metric.name} metric"
+    x, info = solve_spd_cg(metric.at(params), v, tol=tol, maxiter=maxiter, what=what, return_info=True)
+    return jax.tree_util.tree_map(lambda a: jnp.where(info.converged, a, jnp.nan), x), info.status
 
 
 def _compilable(metric: MetricArg) -> bool:

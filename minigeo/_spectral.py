@@ -34,8 +34,8 @@ from ._estimators import (
     slq_breakdown_tol,
     slq_quadrature,
 )
-from ._inverse import _CG_HINT, _compilable, _metric_inverse
-from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded, solve_spd_cg
+from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan
+from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded
 from ._status import Status, first_failure, raise_for_status
 from ._metric import Metric, metric_field
 from ._tree import PyTree, ravel, tree_size
@@ -119,13 +119,7 @@ def check_num_probes(num_probes: Any, who: str) -> None:
 # ---------------------------------------------------------------------------
 def _duals(_key: Any, params: PyTree, metric: Metric, probes: PyTree, *, tol: float, maxiter: Any):
     """``(G^{-1} z_i, status_i)`` for every stacked probe: NaN and the solve's status where CG failed."""
-    what = f"the {metric.name} metric"
-
-    def one(z: PyTree) -> tuple[PyTree, jax.Array]:
-        x, info = solve_spd_cg(metric.at(params), z, tol=tol, maxiter=maxiter, what=what, return_info=True)
-        return jax.tree_util.tree_map(lambda a: jnp.where(info.converged, a, jnp.nan), x), info.status
-
-    return jax.lax.map(one, probes)
+    return jax.lax.map(lambda z: cg_solve_or_nan(metric, params, z, tol, maxiter), probes)
 
 
 _compiled_duals = jit_per_callable(_duals, static_argnames=("tol", "maxiter"))
@@ -174,22 +168,13 @@ def _flat_inverse(params: PyTree, metric: Metric, v: jax.Array, tol: float, maxi
     return ravel(_metric_inverse(metric, params, tol, maxiter, strict=True)(unravel(v)))[0]
 
 
-def _block_inverse(_key: Any, params: PyTree, metric: Metric, V: jax.Array, *, tol: float, maxiter: Any) -> jax.Array:
-    """``G^{-1} v`` for every row ``v`` of ``V`` (``_key``: what the compilation is keyed on)."""
-    return jax.vmap(lambda v: _flat_inverse(params, metric, v, tol, maxiter))(V)
-
-
-_compiled_block_inverse = jit_per_callable(_block_inverse, static_argnames=("tol", "maxiter"))
-
-
 def _block_solves(_key: Any, params: PyTree, metric: Metric, V: jax.Array, *, tol: float, maxiter: Any):
     """``(G^{-1} v, status)`` for every row ``v`` of ``V`` by conjugate gradients (NaN where a solve failed)."""
     unravel = ravel(params)[1]
-    what = f"the {metric.name} metric"
 
     def one(v: jax.Array) -> tuple[jax.Array, jax.Array]:
-        x, info = solve_spd_cg(metric.at(params), unravel(v), tol=tol, maxiter=maxiter, what=what, return_info=True)
-        return jnp.where(info.converged, ravel(x)[0], jnp.nan), info.status
+        x, status = cg_solve_or_nan(metric, params, unravel(v), tol, maxiter)
+        return ravel(x)[0], status
 
     return jax.vmap(one)(V)
 
@@ -244,7 +229,7 @@ def certified_top(
     if metric is None:
         ginv_block = None
     elif metric.diagonal_fn is not None:
-        ginv_block = lambda V: _block_inverse(None, params, metric, V, **options)
+        ginv_block = jax.vmap(lambda v: _flat_inverse(params, metric, v, tol, maxiter))  # elementwise
     else:
         # conjugate gradients: eagerly every solve is checked, and its own status raised (never re-run)
         def ginv_block(V: jax.Array) -> jax.Array:

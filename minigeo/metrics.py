@@ -113,6 +113,14 @@ def pullback(f: Callable[[PyTree], PyTree], metric: Metric | jax.Array | None) -
     return Metric(_pullback_mv(f, (metric_field(metric, "pullback") or euclidean()).mv), "pullback")
 
 
+def _on_batch(model_fn: Callable, loss_fn: Callable | None, batch: Any, who: str) -> tuple[Callable, Callable | None]:
+    """``model_fn(params, inputs)`` and ``loss_fn(z, targets)`` closed over a batch ``(inputs, targets)``; as given without one."""
+    if batch is None:
+        return model_fn, loss_fn
+    inputs, targets = split_batch(batch, who)
+    return (lambda p: model_fn(p, inputs)), (None if loss_fn is None else (lambda z: loss_fn(z, targets)))
+
+
 def _pullback_mv(f: Callable[[PyTree], PyTree], out_mv: Callable[[PyTree, PyTree], PyTree]) -> Callable:
     """``(params, v) -> J^T G_z J v`` from the output-space product ``out_mv(z, u)``."""
 
@@ -165,10 +173,7 @@ def ggn(model_fn: Callable[..., PyTree], loss_fn: Callable[..., jax.Array], *, b
     *Metrics* (Gauss-Newton, ``gnhvp``). Chapter 2.
     """
 
-    if batch is not None:
-        inputs, targets = split_batch(batch, "ggn")
-        model_of, loss_of = model_fn, loss_fn
-        model_fn, loss_fn = (lambda p: model_of(p, inputs)), (lambda z: loss_of(z, targets))
+    model_fn, loss_fn = _on_batch(model_fn, loss_fn, batch, "ggn")
 
     def output_hvp(z: PyTree, u: PyTree) -> PyTree:
         return jax.jvp(jax.grad(loss_fn), (z,), (u,))[1]
@@ -396,10 +401,7 @@ def fisher(
     (Fisher as the pullback of the KL Hessian). Chapter 2.
     """
     lik = _as_likelihood(likelihood)
-    if batch is not None:
-        inputs, _ = split_batch(batch, "fisher")
-        model_of = model_fn
-        model_fn = lambda p: model_of(p, inputs)
+    model_fn, _ = _on_batch(model_fn, None, batch, "fisher")
     if mc_samples is None:
 
         def mv(params: PyTree, v: PyTree) -> PyTree:
@@ -480,10 +482,7 @@ def empirical_fisher(
     Grosse (2022), CSC2541 lecture 3 *Metrics* (empirical Fisher vs Fisher); Kunstner et al. (2019).
     Chapter 2.
     """
-    if batch is not None:
-        inputs, targets = split_batch(batch, "empirical_fisher")
-        model_of, loss_of = model_fn, per_example_loss_fn
-        model_fn, per_example_loss_fn = (lambda p: model_of(p, inputs)), (lambda z: loss_of(z, targets))
+    model_fn, per_example_loss_fn = _on_batch(model_fn, per_example_loss_fn, batch, "empirical_fisher")
 
     def mv(params: PyTree, v: PyTree) -> PyTree:
         z, jv, transpose = _linearized(model_fn, params, v)
