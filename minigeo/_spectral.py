@@ -22,9 +22,10 @@ from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
+import jax.scipy.linalg as jsl
 import numpy as np
 
-from ._checks import GeometryError, check_finite, is_concrete
+from ._checks import GeometryError, check_finite, check_key, is_concrete
 from ._compile import jit_per_callable
 from ._eigen import ResumableBlockLanczos, block_lanczos, certified_top_eigenvalues, default_num_products, validate_k
 from ._estimators import (
@@ -40,7 +41,12 @@ from ._status import Status, first_failure, raise_for_status
 from ._metric import Metric, metric_field
 from ._tree import PyTree, ravel, tree_size
 
-__all__ = ["Products", "EstimateInfo", "hutchinson_trace", "certified_top", "slq_logdet", "check_num_probes"]
+__all__ = [
+    "Products", "EstimateInfo", "SpectralDensity", "hutchinson_trace", "certified_top", "slq_logdet", "slq_density",
+    "certified_ends", "negated", "WHICH",
+    "TRACE_METHODS", "hutchpp_trace", "trace_by_method", "hutchinson_diagonal",
+    "check_num_probes",
+]
 
 
 class EstimateInfo(NamedTuple):
@@ -160,6 +166,94 @@ def hutchinson_trace(
     return est, se
 
 
+TRACE_METHODS = ("hutchinson", "hutch++")
+
+
+def _stacked(params: PyTree, rows: jax.Array) -> PyTree:
+    """Flat rows ``(P, d)`` as a pytree like ``params`` stacked on axis 0."""
+    return jax.vmap(ravel(params)[1])(rows)
+
+
+def hutchpp_trace(
+    source: Products, key: jax.Array, metric: Any, *, num_products: int, batched: str, tol: float, maxiter: Any,
+    who: str, return_info: bool = False,
+) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, EstimateInfo]:
+    r"""Hutch++ for :math:`\mathrm{tr}(A)`, :math:`A = G^{-1}M`, with a budget of ``num_products`` products.
+
+    A third of the budget sketches :math:`Y = AS` (Rademacher :math:`S`), orthonormalized by a
+    Householder QR, :math:`Q`; a third gives :math:`\mathrm{tr}(Q^\top A Q)` exactly; the rest
+    estimate :math:`\mathrm{tr}((I-P)A(I-P))`, :math:`P = QQ^\top`, by Hutchinson.  Since
+    :math:`\mathrm{tr}(A) = \mathrm{tr}(PA) + \mathrm{tr}((I-P)A(I-P))` for any square :math:`A`, the
+    estimate is unbiased; the standard error is the deflated probes' (conditional on the sketch).
+    """
+    check_num_probes(num_products, who)
+    if num_products < 3:
+        raise GeometryError(f"{who}: hutch++ needs a budget of at least 3 products, got {num_products}.")
+    if batched not in ("vmap", "map"):
+        raise GeometryError(f"{who}: batched must be 'vmap' or 'map', got {batched!r}.")
+    params = source.params
+    d = tree_size(params)
+    dtype = ravel(params)[0].dtype
+    metric = metric_field(metric, who)
+    _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter, a diagonal metric
+    check_key(key)
+    s = min(num_products // 3, d)
+    r = num_products - 2 * s
+    k_sketch, k_probe = jax.random.split(key)
+    ginv = _checked_inverse_block(metric, params, tol, maxiter, who)
+    inverse = (lambda V: V) if ginv is None else ginv
+    S = jax.random.rademacher(k_sketch, (s, d), dtype=dtype)
+    Y = inverse(source.block_mv(S))  # rows A s_i
+    check_finite(Y, f"The {source.name} products", hint=_CG_HINT)
+    Q = jnp.linalg.qr(Y.T)[0].T  # orthonormal rows spanning range(A S)
+    exact = jnp.sum(source.terms(_stacked(params, Q), _stacked(params, inverse(Q)), batched))  # tr(Q^T A Q)
+    Z = jax.random.rademacher(k_probe, (r, d), dtype=dtype)
+    X = Z - (Z @ Q.T) @ Q  # (I - P) z
+    values = source.terms(_stacked(params, X), _stacked(params, inverse(X)), batched)
+    check_finite(values, f"The {source.name} products", hint=_CG_HINT)
+    rest, se = mean_and_standard_error(values)
+    est = exact + rest
+    if return_info:
+        ok = jnp.isfinite(est) & jnp.all(jnp.isfinite(values))
+        return est, se, EstimateInfo(jnp.where(ok, Status.OK, Status.NON_FINITE).astype(jnp.int32), 2 * s + r)
+    return est, se
+
+
+def trace_by_method(source: Products, key: jax.Array, metric: Any, *, method: str, num_probes: int, **options: Any):
+    """Dispatch ``method`` (:data:`TRACE_METHODS`); ``num_probes`` is the budget of products with ``M``."""
+    if method == "hutchinson":
+        return hutchinson_trace(source, key, metric, num_probes=num_probes, **options)
+    if method == "hutch++":
+        return hutchpp_trace(source, key, metric, num_products=num_probes, **options)
+    raise GeometryError(f"{options.get('who', 'trace_estimate')}: method must be one of {TRACE_METHODS}, got {method!r}.")
+
+
+def hutchinson_diagonal(
+    source: Products, key: jax.Array, *, num_probes: int, who: str, return_info: bool = False
+) -> tuple[PyTree, PyTree] | tuple[PyTree, PyTree, EstimateInfo]:
+    r"""``(diagonal, standard_error)`` of :math:`\mathrm{diag}(M)` from Rademacher probes, as pytrees like the params.
+
+    .. math:: \mathrm{diag}(M) = \mathbb E_z[z \odot Mz],
+
+    unbiased; entry :math:`i` has variance :math:`\sum_{j\ne i} M_{ij}^2` per probe, so the error falls like :math:`P^{-1/2}`.
+    """
+    check_num_probes(num_probes, who)
+    check_key(key)
+    params = source.params
+    d = tree_size(params)
+    dtype = ravel(params)[0].dtype
+    Z = jax.random.rademacher(key, (num_probes, d), dtype=dtype)
+    values = Z * source.block_mv(Z)
+    check_finite(values, f"The {source.name} products", hint="The loss is not twice differentiable here, or overflowed.")
+    mean = jnp.mean(values, axis=0)
+    se = jnp.std(values, axis=0, ddof=1) / np.sqrt(num_probes) if num_probes > 1 else jnp.full_like(mean, jnp.inf)
+    unravel = ravel(params)[1]
+    if return_info:
+        ok = jnp.all(jnp.isfinite(values))
+        return unravel(mean), unravel(se), EstimateInfo(jnp.where(ok, Status.OK, Status.NON_FINITE).astype(jnp.int32), num_probes)
+    return unravel(mean), unravel(se)
+
+
 # ---------------------------------------------------------------------------
 # block Lanczos, certified
 # ---------------------------------------------------------------------------
@@ -226,17 +320,8 @@ def certified_top(
     compiled = _compilable(metric)
     options = dict(tol=tol, maxiter=maxiter)
     device_products = [0]
-    if metric is None:
-        ginv_block = None
-    elif metric.diagonal_fn is not None:
-        ginv_block = jax.vmap(lambda v: _flat_inverse(params, metric, v, tol, maxiter))  # elementwise
-    else:
-        # conjugate gradients: eagerly every solve is checked, and its own status raised (never re-run)
-        def ginv_block(V: jax.Array) -> jax.Array:
-            run = _compiled_block_solves if compiled else _block_solves
-            X, statuses = run(metric.mv_fn, params, metric, V, **options)
-            raise_for_status(first_failure(statuses), who, detail=f"A conjugate-gradient solve with the {metric.name} metric failed.")
-            return X
+    # conjugate gradients: eagerly every solve is checked, and its own status raised (never re-run)
+    ginv_block = _checked_inverse_block(metric, params, tol, maxiter, who)
 
     host: list = []  # the host run, built only when needed
 
@@ -268,6 +353,47 @@ def certified_top(
         used = count() if count is not None else -(-min(num_iterations or default_num_products(k, p), d) // p) * p
         return values, EstimateInfo(status, used)
     return values
+
+
+def negated(source: Products) -> Products:
+    """The products of :math:`-M`: its top eigenvalues are minus the bottom ones of :math:`M`.
+
+    The device run of :math:`-M` is the run of :math:`M` with :math:`T` negated: both start from the same
+    block and span the same Krylov space, and the residual Gram matrix is unchanged.
+    """
+    terms = None if source.terms is None else (lambda probes, duals, batched: -source.terms(probes, duals, batched))
+    fixed = None
+    if source.fixed is not None:
+
+        def fixed(metric, Z, key, m, compiled, **options):
+            T, alive, M = source.fixed(metric, Z, key, m, compiled, **options)
+            return -T, alive, M
+
+    return source._replace(name=f"-{source.name}", terms=terms, block_mv=lambda V: -source.block_mv(V), fixed=fixed)
+
+
+WHICH = ("largest", "smallest", "both")
+
+
+def certified_ends(
+    source: Products, key: jax.Array, metric: Any, *, which: str, return_info: bool = False, who: str, **options: Any
+) -> Any:
+    """``which`` end of the spectrum of ``G^{-1}M``, certified: ``"largest"`` (decreasing), ``"smallest"``
+    (increasing: the most negative first), or ``"both"``: ``(largest, smallest)`` from two runs."""
+    if which not in WHICH:
+        raise GeometryError(f"{who}: which must be one of {WHICH}, got {which!r}.")
+    ends = []
+    if which in ("largest", "both"):
+        ends.append(certified_top(source, key, metric, who=who, return_info=True, **options))
+    if which in ("smallest", "both"):
+        values, info = certified_top(negated(source), key, metric, who=who, return_info=True, **options)
+        ends.append((-values, info))
+    values = ends[0][0] if len(ends) == 1 else (ends[0][0], ends[1][0])
+    if not return_info:
+        return values
+    status = first_failure(*(info.status for _, info in ends))
+    count = ends[0][1].num_products if len(ends) == 1 else ends[0][1].num_products + ends[1][1].num_products
+    return values, EstimateInfo(status, count)
 
 
 # ---------------------------------------------------------------------------
@@ -331,3 +457,253 @@ def slq_logdet(
         ).astype(jnp.int32)
         return est, se, EstimateInfo(status, num_probes * m)
     return est, se
+
+
+# ---------------------------------------------------------------------------
+# spectral density by stochastic Lanczos quadrature, in the G-inner product
+# ---------------------------------------------------------------------------
+class SpectralDensity(NamedTuple):
+    r"""A spectral density estimate of :math:`E = G^{-1}M` by stochastic Lanczos quadrature.
+
+    Probe :math:`l` gives a Gauss quadrature rule (nodes :math:`\theta_{li}`, weights
+    :math:`w_{li}`) for the spectral measure of :math:`E` seen from its start vector; the estimate of
+    the density :math:`\phi(\lambda) = \frac1d\sum_j \delta(\lambda - \lambda_j)` is the average of
+    the rules over probes.  The default probes make every rule's weights sum to one and the average
+    an unbiased estimate of :math:`\phi` (see :func:`minigeo.spectral_density`).
+
+    Attributes
+    ----------
+    nodes : jax.Array
+        ``(num_probes, m)`` quadrature nodes (Ritz values), per probe.
+    weights : jax.Array
+        ``(num_probes, m)`` quadrature weights, per probe.
+    num_products : int
+        Products with the curvature matrix (per example batch for a dataset operator).
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> f = lambda x: 0.5 * jnp.sum(jnp.array([1.0, 1.0, 4.0]) * x**2)
+    >>> dens = mg.spectral_density(f, jnp.zeros(3), jax.random.PRNGKey(0), num_probes=4)
+    >>> mean, se = dens.moments(1)   # tr(H)/d = 2 exactly: Rademacher probes, diagonal H
+    >>> round(float(mean), 4)
+    2.0
+
+    References
+    ----------
+    Lin, Saad & Yang (2016), *Approximating spectral densities of large matrices*, Sec. 3.2;
+    Ghorbani, Krishnan & Xiao (2019) for network Hessians. Chapter 4.
+    """
+
+    nodes: jax.Array
+    weights: jax.Array
+    num_products: Any
+
+    def density(self, grid: Any, sigma: float) -> jax.Array:
+        r"""The Gaussian-broadened density on ``grid``: :math:`\frac1P\sum_{l,i} w_{li}\,\mathcal N(\lambda;\theta_{li},\sigma^2)`.
+
+        Parameters
+        ----------
+        grid : array
+            Points :math:`\lambda` (any shape).
+        sigma : float
+            Width of the Gaussian kernel, positive.
+
+        Returns
+        -------
+        jax.Array
+            The density at every grid point (shape of ``grid``); it integrates to about 1.
+
+        Raises
+        ------
+        GeometryError
+            If ``sigma`` is not a positive finite number.
+        """
+        if not (isinstance(sigma, (int, float, np.floating, np.integer)) and np.isfinite(sigma) and sigma > 0):
+            raise GeometryError(f"SpectralDensity.density: sigma must be a positive number, got {sigma!r}.")
+        g = jnp.asarray(grid, self.nodes.dtype)
+        z = (g[..., None, None] - self.nodes) / sigma
+        kernel = jnp.exp(-0.5 * z * z) / (sigma * np.sqrt(2.0 * np.pi))
+        return jnp.mean(jnp.sum(self.weights * kernel, axis=-1), axis=-1)
+
+    def moments(self, k: int) -> tuple[jax.Array, jax.Array]:
+        r"""``(estimate, standard_error)`` of the ``k``-th moment :math:`\frac1d\mathrm{tr}(E^k)`.
+
+        Each probe's rule integrates :math:`\lambda^k` exactly for :math:`k \le 2m - 1` (Gauss
+        quadrature with :math:`m` nodes), so for those ``k`` the estimate is unbiased and its
+        standard error is the spread over probes divided by :math:`\sqrt P`.
+
+        Parameters
+        ----------
+        k : int
+            The order, a non-negative int.
+
+        Returns
+        -------
+        tuple of two jax.Array
+            The estimate and its standard error (inf for one probe).
+
+        Raises
+        ------
+        GeometryError
+            If ``k`` is not a non-negative int.
+        """
+        if not (isinstance(k, (int, np.integer)) and not isinstance(k, bool) and k >= 0):
+            raise GeometryError(f"SpectralDensity.moments: k must be a non-negative int, got {k!r}.")
+        return mean_and_standard_error(jnp.sum(self.weights * self.nodes**k, axis=1))
+
+
+def _cholesky_factor(metric: Metric, params: PyTree, who: str) -> jax.Array:
+    """The Cholesky factor ``L`` of a dense metric (plus its damping) at ``params``; raises if not positive definite."""
+    G = metric.matrix_fn(params)
+    G = G + metric.damping * jnp.eye(G.shape[0], dtype=G.dtype)
+    L = jnp.linalg.cholesky(G)
+    if is_concrete(L) and not bool(jnp.all(jnp.isfinite(L))):
+        raise GeometryError(f"{who}: the {metric.name} metric is not positive definite at params (Cholesky failed); add damping.")
+    return L
+
+
+def _metric_square_root_rows(metric: Metric | None, params: PyTree, xi: jax.Array, who: str) -> jax.Array:
+    """The rows ``L xi`` for a factor ``G = L L^T``: covector probes with covariance ``G`` when ``E[xi xi^T] = I``."""
+    if metric is None:
+        return xi
+    if metric.diagonal_fn is not None:
+        w = ravel(metric.diagonal_fn(params))[0] + metric.damping
+        return xi * jnp.sqrt(w)
+    if metric.matrix_fn is not None:
+        return xi @ _cholesky_factor(metric, params, who).T
+    raise GeometryError(
+        f"{who}: the probes of an unbiased invariant density need a factor G = L L^T of the metric, which the "
+        f"matrix-free {metric.name} metric does not give. Pass mg.dense_metric(...) or mg.metrics.diagonal(...), "
+        "or pass probes= covectors drawn with covariance G (e.g. J^T xi for a GGN G = J^T J)."
+    )
+
+
+def _quadrature(T: jax.Array, alive: jax.Array, norm2: jax.Array, d: int) -> tuple[jax.Array, jax.Array]:
+    """Nodes and weights of one probe's rule: ``eigh`` of the live part of ``T``; weights ``s_0i^2 |z|_{G^-1}^2 / d``."""
+    both = alive[:, None] & alive[None, :]
+    theta, S = jnp.linalg.eigh(jnp.where(both, T, 0.0))
+    return theta, S[0] ** 2 * norm2 / d
+
+
+def slq_density(
+    source: Products,
+    key: jax.Array,
+    metric: Any,
+    *,
+    num_probes: int,
+    num_iterations: int,
+    probes: Any,
+    tol: float,
+    maxiter: Any,
+    who: str,
+    return_info: bool = False,
+) -> SpectralDensity | tuple[SpectralDensity, EstimateInfo]:
+    r"""The spectral density of ``G^{-1}M`` (see :func:`minigeo.spectral_density`).
+
+    Probe :math:`l` starts Lanczos in the :math:`G`-inner product at :math:`v_l = G^{-1}z_l` for a
+    covector :math:`z_l` with :math:`\mathbb E[zz^\top] = G` (default :math:`z = L\xi`, :math:`G = LL^\top`,
+    Rademacher :math:`\xi`); with the Ritz decomposition :math:`T = S\Theta S^\top` of its
+    :math:`m \times m` projected matrix, :math:`\mathbb E_z[z^\top G^{-1} f(E) z] = \mathrm{tr} f(E)`
+    and the rule is :math:`(\theta_i,\ s_{0i}^2\,z^\top G^{-1}z / d)`.
+    """
+    check_key(key)
+    if not (isinstance(num_iterations, (int, np.integer)) and not isinstance(num_iterations, bool) and num_iterations >= 1):
+        raise GeometryError(f"{who}: num_iterations must be a positive int, got {num_iterations!r}.")
+    params = source.params
+    d = tree_size(params)
+    flat0 = ravel(params)[0]
+    dtype = flat0.dtype
+    m = min(int(num_iterations), d)
+    metric = metric_field(metric, who)
+    _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter and a diagonal metric eagerly
+    if probes is not None:
+        Z = _flat_probes(probes, params, who)
+    else:
+        check_num_probes(num_probes, who)
+        xi = jax.random.rademacher(key, (num_probes, d), dtype=dtype)
+    eager = is_concrete(params, key, None if metric is None else metric.damping, None if probes is None else Z)
+    if not eager and source.fixed is None:
+        raise GeometryError(f"{who}: a pass over a dataset runs eagerly only; call it outside jax.jit.")
+    restart_key = jax.random.fold_in(key, 1)
+    options = dict(tol=tol, maxiter=maxiter)
+
+    def host_runs(block_mv, ginv_block, starts):
+        runs = []
+        for i in range(starts.shape[0]):
+            run = ResumableBlockLanczos(block_mv, ginv_block, starts[i : i + 1], key=restart_key)
+            runs.append(run.projected(m, steps=source.steps) if source.steps is not None else run.projected(m))
+        return jnp.stack([r[0] for r in runs]), jnp.stack([r[1] for r in runs])
+
+    if eager and metric is not None and metric.matrix_fn is not None:
+        # a dense metric, factored G = L L^T: Lanczos of L^-1 M L^-T in the Euclidean product is Lanczos of
+        # E in the G-product (v = L^-T u), with exact triangular solves instead of conjugate gradients
+        L = _cholesky_factor(metric, params, who)
+        lower = lambda U: jsl.solve_triangular(L, U.T, lower=True).T  # rows L^-1 u
+        upper = lambda U: jsl.solve_triangular(L.T, U.T, lower=False).T  # rows L^-T u
+        starts = xi if probes is None else lower(Z)
+        norm2 = jnp.sum(starts * starts, axis=1)  # z^T G^-1 z = |L^-1 z|^2 (= xi^T xi = d)
+        T, alive = host_runs(lambda U: lower(source.block_mv(upper(U))), None, starts)
+    else:
+        if probes is None:
+            Z = _metric_square_root_rows(metric, params, xi, who)
+            norm2 = jnp.full((num_probes,), float(d), dtype)  # z^T G^{-1} z = xi^T xi = d
+        elif metric is None:
+            norm2 = jnp.sum(Z * Z, axis=1)
+        else:
+            norm2 = jnp.sum(Z * jax.vmap(lambda z: _flat_inverse(params, metric, z, tol, maxiter))(Z), axis=1)
+        cg_metric = metric is not None and metric.diagonal_fn is None
+        if source.fixed is not None and not eager:
+            T, alive, _ = jax.vmap(lambda z: source.fixed(metric, z[None], restart_key, m, False, **options))(Z)
+        elif source.fixed is not None and not cg_metric:
+            runs = [source.fixed(metric, Z[i : i + 1], restart_key, m, _compilable(metric), **options) for i in range(Z.shape[0])]
+            T, alive = jnp.stack([r[0] for r in runs]), jnp.stack([r[1] for r in runs])
+        else:  # on the host: a pass over a dataset, or a metric solved by CG (each block's solves checked)
+            T, alive = host_runs(source.block_mv, _checked_inverse_block(metric, params, tol, maxiter, who), Z)
+    P = T.shape[0]
+    nodes, weights = jax.vmap(lambda t, a, n: _quadrature(t, a, n, d))(T, alive, norm2)
+    check_finite(nodes, f"The {source.name} products", hint=_CG_HINT)
+    check_finite(norm2, f"{who}: the probes' norms z^T G^-1 z", hint=_CG_HINT)
+    result = SpectralDensity(nodes, weights, P * m)
+    if return_info:
+        ok = jnp.all(jnp.isfinite(nodes)) & jnp.all(jnp.isfinite(norm2))
+        return result, EstimateInfo(jnp.where(ok, Status.OK, Status.NON_FINITE).astype(jnp.int32), P * m)
+    return result
+
+
+def _flat_probes(probes: Any, params: PyTree, who: str) -> jax.Array:
+    """User covector probes as a flat ``(P, d)`` array: a pytree like ``params`` stacked on axis 0, or a ``(P, d)`` array."""
+    d = tree_size(params)
+    leaves = jax.tree_util.tree_leaves(probes)
+    p_leaves, p_def = jax.tree_util.tree_flatten(params)
+    if jax.tree_util.tree_structure(probes) == p_def and all(
+        jnp.ndim(a) == jnp.ndim(b) + 1 and jnp.shape(a)[1:] == jnp.shape(b) for a, b in zip(leaves, p_leaves)
+    ):
+        flat = jax.vmap(lambda t: ravel(t)[0])(probes)
+    elif len(leaves) == 1 and jnp.ndim(leaves[0]) == 2 and jnp.shape(leaves[0])[1] == d:
+        flat = jnp.asarray(leaves[0])
+    else:
+        raise GeometryError(
+            f"{who}: probes must be a (num_probes, {d}) array or a pytree like params stacked on a leading axis."
+        )
+    if flat.shape[0] < 1:
+        raise GeometryError(f"{who}: probes must hold at least one probe.")
+    check_finite(flat, f"{who}: probes")
+    return flat.astype(ravel(params)[0].dtype)
+
+
+def _checked_inverse_block(metric: Metric | None, params: PyTree, tol: float, maxiter: Any, who: str):
+    """``V -> G^{-1} V`` row by row for a host Lanczos run: elementwise for a diagonal metric; else CG, each solve checked."""
+    if metric is None:
+        return None
+    if metric.diagonal_fn is not None:
+        return jax.vmap(lambda v: _flat_inverse(params, metric, v, tol, maxiter))
+
+    def ginv_block(V: jax.Array) -> jax.Array:
+        run = _compiled_block_solves if _compilable(metric) else _block_solves
+        X, statuses = run(metric.mv_fn, params, metric, V, tol=tol, maxiter=maxiter)
+        raise_for_status(first_failure(statuses), who, detail=f"A conjugate-gradient solve with the {metric.name} metric failed.")
+        return X
+
+    return ginv_block

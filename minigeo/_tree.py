@@ -46,3 +46,11 @@ def check_dense_size(size: int, max_size: int, what: str) -> None:
             f"limit max_size={max_size}. Use the matrix-free functions instead, or pass a larger "
             "max_size if you really want the dense matrix."
         )
+
+
+def key_entry(k: Any) -> Any:
+    """The plain key of one ``tree_leaves_with_path`` entry: a dict key, a sequence index or an attribute name."""
+    for attr in ("key", "idx", "name"):
+        if hasattr(k, attr):
+            return getattr(k, attr)
+    return k

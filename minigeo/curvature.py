@@ -35,7 +35,16 @@ from ._checks import (
     symmetry_rtol,
 )
 from ._compile import bind_batch, jit_per_callable, one_trace_per_call
-from ._spectral import EstimateInfo, Products, certified_top, fixed_block_lanczos, hutchinson_trace
+from ._spectral import (
+    EstimateInfo,
+    Products,
+    SpectralDensity,
+    certified_ends,
+    fixed_block_lanczos,
+    hutchinson_diagonal,
+    slq_density,
+    trace_by_method,
+)
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel
 from ._metric import Metric, _matrix_field, metric_field
 
@@ -50,7 +59,10 @@ __all__ = [
     "endomorphism_slogdet",
     "trace_estimate",
     "top_eigenvalues",
+    "spectral_density",
+    "diagonal_estimate",
     "EstimateInfo",
+    "SpectralDensity",
 ]
 
 
@@ -476,14 +488,18 @@ def trace_estimate(
     batched: str = "vmap",
     tol: float = 1e-6,
     maxiter: int | None = None,
+    method: str = "hutchinson",
     return_info: bool = False,
 ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, EstimateInfo]:
-    r"""Hutchinson estimate of the invariant trace :math:`\mathrm{tr}(G^{-1}H)` at ``params``.
+    r"""Randomized estimate of the invariant trace :math:`\mathrm{tr}(G^{-1}H)` at ``params`` (Hutchinson or Hutch++).
 
     .. math:: \mathrm{tr}(G^{-1}H) = \mathbb E_z\big[(G^{-1}z)^\top H z\big]
 
     for Rademacher probes :math:`z`; each probe costs one Hessian-vector product and, for a
-    :class:`~minigeo.Metric`, one conjugate-gradient solve.
+    :class:`~minigeo.Metric`, one conjugate-gradient solve.  ``method="hutch++"`` (Meyer et al.
+    2021) spends a third of the same budget on a sketch :math:`Q` of the range of :math:`G^{-1}HS`,
+    a third on :math:`\mathrm{tr}(Q^\top G^{-1}HQ)` exactly and the rest on Hutchinson for the
+    deflated remainder: unbiased, and for a decaying spectrum far more accurate at equal cost.
 
     Parameters
     ----------
@@ -500,13 +516,16 @@ def trace_estimate(
         ``None`` (Euclidean: :math:`\mathrm{tr}\,H`) or a Metric, e.g. ``mg.metrics.diagonal(v)``
         for Adam's second-moment estimate ``v`` (solved elementwise) or a GGN (solved by CG).
     num_probes : int, optional
-        Number of probes; the standard error falls like :math:`1/\sqrt{\text{probes}}`.
+        The budget: Hessian-vector products (probes for Hutchinson; at least 3 for Hutch++); the
+        standard error falls like :math:`1/\sqrt{\text{probes}}`.
     batched : {"vmap", "map"}, optional
         ``"vmap"`` (probes vectorised) or ``"map"`` (``lax.map``, less memory).
     tol : float, optional
         Relative tolerance, in ``(0, 1)``, of the conjugate-gradient solves with a Metric.
     maxiter : int, optional
         Iteration cap of those solves, a positive int.
+    method : {"hutchinson", "hutch++"}, optional
+        The estimator; Hutch++'s standard error is that of its deflated probes (given the sketch).
     return_info : bool, optional
         Also return an :class:`~minigeo.EstimateInfo` (its :class:`~minigeo.Status`): the way to
         check the estimate under ``jit``, where nothing can be raised (a failed solve gives NaN).
@@ -537,9 +556,74 @@ def trace_estimate(
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
-    return hutchinson_trace(
-        _point_products(bind_batch(f, batch), params), key, metric, num_probes=num_probes, batched=batched, tol=tol, maxiter=maxiter,
-        who="trace_estimate", return_info=return_info,
+    return trace_by_method(
+        _point_products(bind_batch(f, batch), params), key, metric, method=method, num_probes=num_probes, batched=batched,
+        tol=tol, maxiter=maxiter, who="trace_estimate", return_info=return_info,
+    )
+
+
+def diagonal_estimate(
+    f: Callable[..., jax.Array],
+    params: PyTree,
+    key: jax.Array,
+    *,
+    batch: Any = None,
+    num_probes: int = 10,
+    return_info: bool = False,
+) -> tuple[PyTree, PyTree] | tuple[PyTree, PyTree, EstimateInfo]:
+    r"""Hutchinson estimate of the Hessian's diagonal, with per-entry standard errors.
+
+    .. math:: \mathrm{diag}(H) = \mathbb E_z[z \odot Hz],\qquad
+              \mathrm{Var}\big[(z\odot Hz)_i\big] = \textstyle\sum_{j \ne i} H_{ij}^2
+
+    for Rademacher :math:`z` (one Hessian-vector product per probe): unbiased, with an error falling
+    like :math:`P^{-1/2}`, exact for a diagonal Hessian.  The diagonal is a chart-dependent quantity
+    (for a diagonal metric :math:`w`, :math:`\mathrm{diag}(G^{-1}H) = \mathrm{diag}(H)/w`).
+
+    Parameters
+    ----------
+    f : callable
+        The scalar loss of a parameter pytree: ``f(params, batch)`` or ``f(params)``.
+    params : pytree
+        The point.
+    key : jax.Array
+        PRNG key of the probes.
+    batch : pytree, optional
+        The data: with ``batch``, ``f`` is called as ``f(params, batch)``; without, ``f(params)``.
+    num_probes : int, optional
+        Probes :math:`P` (Hessian-vector products).
+    return_info : bool, optional
+        Also return an :class:`~minigeo.EstimateInfo`.
+
+    Returns
+    -------
+    tuple of two pytrees
+        ``(diagonal, standard_error)``, each structured like ``params``.
+
+    Raises
+    ------
+    GeometryError
+        If ``num_probes`` is not a positive int, ``key`` is not a PRNG key, or (eagerly) the products
+        are not finite.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> f = lambda x: 0.5 * jnp.sum(jnp.array([1.0, 2.0, 3.0]) * x**2)
+    >>> diag, se = mg.diagonal_estimate(f, jnp.zeros(3), jax.random.PRNGKey(0), num_probes=4)
+    >>> diag, se                     # a diagonal Hessian: exact, no spread
+    (Array([1., 2., 3.], dtype=float32), Array([0., 0., 0.], dtype=float32))
+
+    References
+    ----------
+    Bekas, Kokiopoulou & Saad (2007), *An estimator for the diagonal of a matrix*. Chapter 4.
+    """
+    params = as_float_point(params, "params")
+    check_finite(params, "params")
+    return hutchinson_diagonal(
+        _point_products(bind_batch(f, batch), params), key, num_probes=num_probes, who="diagonal_estimate",
+        return_info=return_info,
     )
 
 
@@ -557,9 +641,10 @@ def top_eigenvalues(
     tol: float = 1e-8,
     maxiter: int | None = None,
     block_size: int | None = None,
+    which: str = "largest",
     return_info: bool = False,
 ) -> jax.Array | tuple[jax.Array, EstimateInfo]:
-    r"""The ``k`` largest eigenvalues of :math:`E = G^{-1}H`, counted with multiplicity, by block Lanczos, certified.
+    r"""The ``k`` largest (or smallest) eigenvalues of :math:`E = G^{-1}H`, counted with multiplicity, by block Lanczos, certified.
 
     .. math:: \langle u, Ev\rangle_G = u^\top G\,G^{-1}H v = u^\top H v,
 
@@ -645,6 +730,10 @@ def top_eigenvalues(
     block_size : int, optional
         Start vectors :math:`p`; ``None``: :math:`k + 2` (1 for :math:`k = 1`).  Multiplicities up
         to :math:`p` are resolved; a smaller :math:`p` than :math:`k` may miss copies.
+    which : {"largest", "smallest", "both"}, optional
+        ``"smallest"``: the ``k`` smallest eigenvalues (the most negative first), as the largest of
+        :math:`-E` (the same Krylov space, the same certificate); ``"both"``: ``(largest, smallest)``,
+        two runs (twice the products).
     return_info : bool, optional
         Also return an :class:`~minigeo.EstimateInfo`: ``status`` ``UNCERTIFIED`` when values are NaN
         for want of a certificate (under ``jit``), ``NON_FINITE`` for non-finite products or a failed
@@ -653,8 +742,8 @@ def top_eigenvalues(
     Returns
     -------
     jax.Array
-        The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated; ``(values, info)``
-        with ``return_info``.
+        The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated (``"smallest"``:
+        increasing; ``"both"``: a pair); ``(values, info)`` with ``return_info``.
 
     Raises
     ------
@@ -669,6 +758,9 @@ def top_eigenvalues(
     >>> f = lambda x: 0.5 * jnp.sum(jnp.array([1.0, 2.0, 3.0, 5.0, 5.0]) * x**2)
     >>> mg.top_eigenvalues(f, jnp.zeros(5), jax.random.PRNGKey(0), k=3).round(4)
     Array([5., 5., 3.], dtype=float32)
+    >>> g = lambda x: 0.5 * jnp.sum(jnp.array([-2.0, -2.0, 1.0, 3.0]) * x**2)   # a saddle
+    >>> mg.top_eigenvalues(g, jnp.zeros(4), jax.random.PRNGKey(0), k=2, which="smallest").round(4)
+    Array([-2., -2.], dtype=float32)
 
     References
     ----------
@@ -679,9 +771,111 @@ def top_eigenvalues(
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
-    return certified_top(
-        _point_products(bind_batch(f, batch), params), key, metric, k=k, num_iterations=num_iterations, rtol=rtol, tol=tol,
-        maxiter=maxiter, block_size=block_size, who="top_eigenvalues", return_info=return_info,
+    return certified_ends(
+        _point_products(bind_batch(f, batch), params), key, metric, which=which, k=k, num_iterations=num_iterations,
+        rtol=rtol, tol=tol, maxiter=maxiter, block_size=block_size, who="top_eigenvalues", return_info=return_info,
+    )
+
+
+@one_trace_per_call()
+def spectral_density(
+    f: Callable[..., jax.Array],
+    params: PyTree,
+    key: jax.Array,
+    *,
+    batch: Any = None,
+    metric: Metric | None = None,
+    num_probes: int = 10,
+    num_iterations: int = 30,
+    probes: Any = None,
+    tol: float = 1e-8,
+    maxiter: int | None = None,
+    return_info: bool = False,
+) -> SpectralDensity | tuple[SpectralDensity, EstimateInfo]:
+    r"""The spectral density of :math:`E = G^{-1}H` by stochastic Lanczos quadrature, in the :math:`G`-inner product.
+
+    .. math:: \phi(\lambda) = \frac1d\sum_{j=1}^d \delta(\lambda - \lambda_j(E)),\qquad
+              \mathbb E_z\big[z^\top G^{-1} f(E)\, z\big] = \mathrm{tr} f(E)\ \text{ when }\ \mathbb E[zz^\top] = G.
+
+    **Algorithm.**  For each probe, a covector :math:`z = L\xi` (:math:`G = LL^\top`, Rademacher
+    :math:`\xi`) starts ``num_iterations`` Lanczos steps of :math:`E` in the :math:`G`-inner product
+    at :math:`v = G^{-1}z` (so :math:`\mathbb E[vv^\top] = G^{-1}`).  With :math:`T = S\Theta
+    S^\top` the projected matrix, the probe's Gauss rule has nodes :math:`\theta_i` and weights
+    :math:`s_{0i}^2\,z^\top G^{-1}z/d` (they sum to 1: :math:`z^\top G^{-1} z = \xi^\top\xi = d`).
+    Its moments :math:`\sum_i w_i\theta_i^k` are unbiased for :math:`\mathrm{tr}(E^k)/d` up to
+    :math:`k = 2m - 1`.
+
+    **Invariance.**  The eigenvalues of :math:`E` are the same in every chart, and so is the
+    distribution of the probes (a Gaussian-like law with covariance :math:`G^{-1}` on tangent
+    vectors): the density of :math:`E` with the metric transformed along with the parameters is
+    chart-independent.  With ``probes=`` transported as covectors (:math:`z' = J^\top z` for
+    :math:`\theta = \phi(\vartheta)`, :math:`J = D\phi`), the numbers agree to round-off; the
+    density of the plain Hessian (``metric=None``) changes with the chart.
+
+    **Metric.**  ``None``, a diagonal metric (``mg.metrics.diagonal``) or a dense one
+    (``mg.dense_metric``, Cholesky-factored at ``params``) draw the probes; for a matrix-free metric
+    pass ``probes=`` covectors with covariance :math:`G` (e.g. :math:`J^\top\xi` for a GGN
+    :math:`J^\top J`).  Solves with :math:`G` are by conjugate gradients (``tol``, ``maxiter``) except
+    for a diagonal metric.
+
+    Parameters
+    ----------
+    f : callable
+        The scalar loss of a parameter pytree: ``f(params, batch)`` or ``f(params)``.
+    params : pytree
+        The point.
+    key : jax.Array
+        PRNG key of the probes (and of Lanczos restarts after a breakdown).
+    batch : pytree, optional
+        The data: with ``batch``, ``f`` is called as ``f(params, batch)``; without, ``f(params)``.
+    metric : :class:`~minigeo.Metric` or None, optional
+        ``None`` (the density of :math:`H`), a diagonal or a dense Metric.
+    num_probes : int, optional
+        Probes :math:`P`; the moments' standard errors fall like :math:`1/\sqrt P`.
+    num_iterations : int, optional
+        Lanczos steps :math:`m` per probe (capped at :math:`d`): :math:`m` nodes, :math:`m` products.
+    probes : array or pytree, optional
+        Covector probes instead of drawn ones: a ``(P, d)`` array or a pytree like ``params`` stacked
+        on axis 0, with covariance :math:`G` for an unbiased density.
+    tol, maxiter : optional
+        Tolerance and iteration cap of the conjugate-gradient solves with a non-diagonal metric.
+    return_info : bool, optional
+        Also return an :class:`~minigeo.EstimateInfo` (``NON_FINITE`` if a product or solve failed).
+
+    Returns
+    -------
+    SpectralDensity
+        Nodes and weights per probe, with ``.density(grid, sigma)`` and ``.moments(k)``;
+        ``(density, info)`` with ``return_info``.
+
+    Raises
+    ------
+    GeometryError
+        If ``num_probes`` or ``num_iterations`` is not a positive int, ``key`` is not a PRNG key,
+        ``probes`` has the wrong shape, the metric is matrix-free without ``probes``, a dense metric is
+        not positive definite, or (eagerly) a product or solve is not finite.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> f = lambda x: 0.5 * jnp.sum(jnp.array([1.0, 2.0, 2.0, 5.0]) * x**2)
+    >>> dens = mg.spectral_density(f, jnp.zeros(4), jax.random.PRNGKey(0), num_probes=3, num_iterations=4)
+    >>> jnp.unique(dens.nodes.round(3))      # d iterations: the eigenvalues themselves
+    Array([1., 2., 5.], dtype=float32)
+    >>> round(float(dens.moments(1)[0]), 4)  # tr(H) / d, exact here
+    2.5
+
+    References
+    ----------
+    Lin, Saad & Yang (2016), Sec. 3.2 (SLQ densities); Ghorbani, Krishnan & Xiao (2019) (network
+    Hessians); the invariant :math:`E = G^{-1}H` of Kristiadi, Dangel & Hennig (2023), Sec. 3.1. Chapter 4.
+    """
+    params = as_float_point(params, "params")
+    check_finite(params, "params")
+    return slq_density(
+        _point_products(bind_batch(f, batch), params), key, metric, num_probes=num_probes, num_iterations=num_iterations,
+        probes=probes, tol=tol, maxiter=maxiter, who="spectral_density", return_info=return_info,
     )
 
 

@@ -29,8 +29,18 @@ import numpy as np
 from ._checks import GeometryError, as_float_point, check_finite, check_same_structure
 from ._compile import jit_per_callable, one_trace_per_call
 from ._linalg import check_damping
-from ._spectral import Products, certified_top, check_num_probes, hutchinson_trace, slq_logdet
-from ._tree import PyTree, ravel, tree_size
+from ._spectral import (
+    EstimateInfo,
+    Products,
+    SpectralDensity,
+    certified_ends,
+    check_num_probes,
+    hutchinson_diagonal,
+    slq_density,
+    slq_logdet,
+    trace_by_method,
+)
+from ._tree import PyTree, key_entry, ravel, tree_size
 from .curvature import hvp
 from .metrics import Likelihood, Metric, empirical_fisher, fisher, ggn
 
@@ -215,6 +225,22 @@ def _check_max_batches(max_batches: Any, who: str) -> None:
         isinstance(max_batches, bool) or not (isinstance(max_batches, (int, np.integer)) and max_batches >= 1)
     ):
         raise GeometryError(f"{who}: max_batches must be None or a positive int, got {max_batches!r}.")
+
+
+def _leaf_index(params: PyTree, paths: Any, who: str) -> dict:
+    """``{path: leaf index}`` for the requested paths (tuples of keys), in the order given."""
+    if isinstance(paths, (str, int)) or (isinstance(paths, tuple) and paths and not isinstance(paths[0], (tuple, list))):
+        paths = [paths]
+    available = {tuple(key_entry(k) for k in path): i for i, (path, _) in enumerate(jax.tree_util.tree_leaves_with_path(params))}
+    out: dict = {}
+    for path in paths:
+        key = tuple(path) if isinstance(path, (tuple, list)) else (path,)
+        if key not in available:
+            raise GeometryError(f"{who}: the parameters have no leaf at {key}. Available leaves: {sorted(available, key=str)}.")
+        out[key] = available[key]
+    if not out:
+        raise GeometryError(f"{who}: no paths given.")
+    return out
 
 
 def _one_pass(batches: BatchSource, who: str, max_batches: int | None = None) -> Iterable[Batch]:
@@ -586,9 +612,10 @@ class CurvatureOperator:
         maxiter: int | None = None,
         progress: Any = False,
         max_batches: int | None = None,
+        method: str = "hutchinson",
         return_info: bool = False,
     ) -> tuple[jax.Array, jax.Array]:
-        r"""Hutchinson estimate of :math:`\mathrm{tr}(G^{-1}M)` over the dataset, in **one** pass.
+        r"""Hutchinson (one pass) or Hutch++ (three passes) estimate of :math:`\mathrm{tr}(G^{-1}M)` over the dataset.
 
         .. math:: \mathrm{tr}(G^{-1}M) \approx \frac1P\sum_{p=1}^P u_p^\top M z_p,\qquad u_p = G^{-1}z_p.
 
@@ -617,6 +644,9 @@ class CurvatureOperator:
             Show a progress bar.
         max_batches : int, optional
             Use at most this many batches (required for an iterable without a length).
+        method : {"hutchinson", "hutch++"}, optional
+            As in :func:`~minigeo.trace_estimate`; ``num_probes`` is the budget of products, and
+            Hutch++ passes over the data three times (``batches`` must allow it).
         return_info : bool, optional
             Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
 
@@ -649,11 +679,15 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), App. A.2 (the Riemannian trace :math:`\mathrm{tr}(G^{-1}H)`).
         Taught in chapter 4, *Invariant Hessians*.
         """
-        data = _one_pass(batches, self.name, max_batches)  # before the probes' solves: a finite pass
+        if method == "hutch++":
+            fresh = _many_passes(batches, f"{self.name}.trace_estimate (hutch++)", max_batches)
+        else:
+            data = _one_pass(batches, self.name, max_batches)  # before the probes' solves: a finite pass
+            fresh = lambda: data
 
         def terms(probes: PyTree, duals: PyTree, batched: str) -> jax.Array:
             values, n = None, 0
-            for batch in _progress(data, progress, f"{self.name} trace"):
+            for batch in _progress(fresh(), progress, f"{self.name} trace"):
                 nb = _num_examples(batch, self.name, self.examples)
                 vb = nb * self._terms(self.params, probes, duals, batch, batched=batched)
                 values = vb if values is None else values + vb
@@ -662,10 +696,131 @@ class CurvatureOperator:
                 raise GeometryError(f"{self.name}: no batches: the dataset is empty.")
             return values / n
 
-        source = Products(self.params, self.name, terms, self._dataset_block_mv)
-        return hutchinson_trace(
-            source, key, metric, num_probes=num_probes, batched=batched, tol=tol, maxiter=maxiter,
+        source = Products(self.params, self.name, terms, lambda V: self._dataset_block_mv(V, fresh()))
+        return trace_by_method(
+            source, key, metric, method=method, num_probes=num_probes, batched=batched, tol=tol, maxiter=maxiter,
             who=f"{self.name}.trace_estimate", return_info=return_info,
+        )
+
+    @one_trace_per_call()
+    def diagonal_estimate(
+        self,
+        key: jax.Array,
+        batches: BatchSource,
+        *,
+        num_probes: int = 10,
+        max_batches: int | None = None,
+        return_info: bool = False,
+    ) -> tuple[PyTree, PyTree]:
+        r"""Hutchinson estimate of :math:`\mathrm{diag}(M)` over the dataset, in one pass, with standard errors.
+
+        .. math:: \mathrm{diag}(M) = \mathbb E_z[z \odot Mz].
+
+        The estimator of :func:`~minigeo.diagonal_estimate`: all probes are multiplied in one pass
+        (``vmap``-ed per batch).
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key of the probes.
+        batches : sequence or callable
+            A finite sized sequence of batches, or a function returning one.
+        num_probes : int, optional
+            Probes :math:`P`.
+        max_batches : int, optional
+            Use at most this many batches (required for an iterable without a length).
+        return_info : bool, optional
+            Also return an :class:`~minigeo.EstimateInfo`.
+
+        Returns
+        -------
+        tuple of two pytrees
+            ``(diagonal, standard_error)``, each structured like ``params``.
+
+        Raises
+        ------
+        GeometryError
+            If ``num_probes`` is not a positive int, ``key`` is not a PRNG key, the dataset is empty, or
+            the products are not finite.
+
+        Examples
+        --------
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
+        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> H.diagonal_estimate(jax.random.PRNGKey(0), [X], num_probes=2)[0]   # diagonal: exact
+        Array([1., 4., 9.], dtype=float32)
+
+        References
+        ----------
+        Bekas, Kokiopoulou & Saad (2007). Chapter 4.
+        """
+        data = _one_pass(batches, self.name, max_batches)
+        source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, data))
+        return hutchinson_diagonal(
+            source, key, num_probes=num_probes, who=f"{self.name}.diagonal_estimate", return_info=return_info
+        )
+
+    def restrict(self, paths: Any) -> "CurvatureOperator":
+        r"""The operator on a subset of the parameter leaves: the principal sub-block :math:`M_{SS}`.
+
+        .. math:: M_{SS}\,v_S = \big(M\,\iota(v_S)\big)_S,
+
+        with :math:`\iota` the embedding that pads :math:`v_S` with zeros on the other leaves; the other
+        leaves stay at the operator's parameters.  Every method (products, traces, eigenvalues,
+        densities) then works per layer or per block in one call.
+
+        Parameters
+        ----------
+        paths : sequence of paths
+            The leaves to keep, each a tuple of keys as in ``jax.tree_util.tree_leaves_with_path``
+            (``("layer1", "w")``, ``("blocks", 0, "wq")``); a single key is a path of length one.
+
+        Returns
+        -------
+        :class:`~minigeo.CurvatureOperator`
+            Its ``params`` is the dict ``{path: leaf}`` of the kept leaves (a pytree).
+
+        Raises
+        ------
+        GeometryError
+            If a path names no leaf (the message lists the leaves) or ``paths`` is empty.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> loss = lambda p, x: jnp.mean(jnp.sum(x * p["a"], axis=1) ** 2 + jnp.sum(p["b"] ** 4))
+        >>> H = mg.hessian_operator(loss, {"a": jnp.ones(2), "b": jnp.ones(1)})
+        >>> Hb = H.restrict([("b",)])
+        >>> Hb.dataset_mv(Hb.params, [jnp.eye(2)])          # 12 b^2 on the b block only
+        {('b',): Array([12.], dtype=float32)}
+
+        References
+        ----------
+        No formula from the source papers (a principal sub-block). Chapters 4 and 7.
+        """
+        index = _leaf_index(self.params, paths, f"{self.name}.restrict")
+        full_leaves, treedef = jax.tree_util.tree_flatten(self.params)
+        keys = list(index)
+        batch_mv = self.batch_mv
+
+        def embed(sub: dict, base_leaves: list) -> PyTree:
+            leaves = list(base_leaves)
+            for key in keys:
+                leaves[index[key]] = sub[key]
+            return jax.tree_util.tree_unflatten(treedef, leaves)
+
+        def sub_mv(sub_params: dict, v: dict, batch: Batch) -> dict:
+            point = embed(sub_params, full_leaves)
+            out = jax.tree_util.tree_leaves(batch_mv(point, embed(v, [jnp.zeros_like(x) for x in full_leaves]), batch))
+            return {key: out[index[key]] for key in keys}
+
+        names = ", ".join("/".join(str(k) for k in key) for key in keys)
+        return CurvatureOperator(
+            sub_mv, {key: full_leaves[index[key]] for key in keys}, f"{self.name}[{names}]", examples=self.examples
         )
 
     @one_trace_per_call()
@@ -683,9 +838,10 @@ class CurvatureOperator:
         progress: Any = False,
         max_batches: int | None = None,
         block_size: int | None = None,
+        which: str = "largest",
         return_info: bool = False,
     ) -> jax.Array:
-        r"""The ``k`` largest eigenvalues of :math:`G^{-1}M` over the dataset, counted with multiplicity, by block Lanczos.
+        r"""The ``k`` largest (or smallest) eigenvalues of :math:`G^{-1}M` over the dataset, counted with multiplicity.
 
         .. math:: G^{-1}M\,u = \lambda u,\qquad \lambda_1 \ge \dots \ge \lambda_k.
 
@@ -726,13 +882,16 @@ class CurvatureOperator:
         block_size : int, optional
             Start vectors :math:`p`, as in :func:`~minigeo.top_eigenvalues` (default :math:`k + 2`,
             1 for :math:`k = 1`).
+        which : {"largest", "smallest", "both"}, optional
+            As in :func:`~minigeo.top_eigenvalues`: ``"smallest"`` in increasing order, ``"both"`` a
+            pair ``(largest, smallest)`` from two runs.
         return_info : bool, optional
             Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
 
         Returns
         -------
         jax.Array
-            The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated.
+            The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated (see ``which``).
 
         Raises
         ------
@@ -759,9 +918,89 @@ class CurvatureOperator:
         fresh = _many_passes(batches, "top_eigenvalues", max_batches)
         steps = lambda r: _progress(r, progress, f"{self.name} Lanczos")
         source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, fresh()), steps=steps)
-        return certified_top(
-            source, key, metric, k=k, num_iterations=num_iterations, rtol=rtol, tol=tol, maxiter=maxiter,
+        return certified_ends(
+            source, key, metric, which=which, k=k, num_iterations=num_iterations, rtol=rtol, tol=tol, maxiter=maxiter,
             block_size=block_size, who=f"{self.name}.top_eigenvalues", return_info=return_info,
+        )
+
+    @one_trace_per_call()
+    def spectral_density(
+        self,
+        key: jax.Array,
+        batches: BatchSource,
+        *,
+        metric: Metric | None = None,
+        num_probes: int = 10,
+        num_iterations: int = 30,
+        probes: Any = None,
+        tol: float = 1e-8,
+        maxiter: int | None = None,
+        progress: Any = False,
+        max_batches: int | None = None,
+        return_info: bool = False,
+    ) -> SpectralDensity | tuple[SpectralDensity, EstimateInfo]:
+        r"""The spectral density of :math:`G^{-1}M` over the dataset by stochastic Lanczos quadrature.
+
+        .. math:: \phi(\lambda) = \frac1d\sum_j \delta(\lambda - \lambda_j(G^{-1}M)).
+
+        The estimator of :func:`~minigeo.spectral_density` (the same probes, Lanczos in the
+        :math:`G`-inner product and Gauss rules), with one pass over the data per product and each
+        probe's basis in host memory: ``num_probes * num_iterations`` passes.
+
+        Parameters
+        ----------
+        key : jax.Array
+            PRNG key of the probes.
+        batches : iterable or callable
+            Must allow several passes (a list, :func:`~minigeo.batches_of`, or a function returning a
+            fresh iterator).
+        metric : :class:`~minigeo.Metric` or None, optional
+            ``None``, a diagonal or a dense Metric (or any Metric with ``probes=``).
+        num_probes, num_iterations : int, optional
+            Probes and Lanczos steps per probe.
+        probes : array or pytree, optional
+            Covector probes with covariance :math:`G` instead of drawn ones.
+        tol, maxiter : optional
+            Conjugate-gradient tolerance and iteration limit for a non-diagonal ``metric``.
+        progress : bool or tqdm-like class, optional
+            Show a progress bar (one step per pass over the data).
+        max_batches : int, optional
+            Use at most this many batches per pass (required for batches without a length).
+        return_info : bool, optional
+            Also return an :class:`~minigeo.EstimateInfo`.
+
+        Returns
+        -------
+        SpectralDensity
+            Nodes and weights per probe, ``.density(grid, sigma)``, ``.moments(k)``.
+
+        Raises
+        ------
+        GeometryError
+            As :func:`~minigeo.spectral_density`, and if ``batches`` allows only one pass.
+
+        Examples
+        --------
+        >>> import jax
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
+        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> dens = H.spectral_density(jax.random.PRNGKey(0), [X], num_probes=2, num_iterations=3)
+        >>> round(float(dens.moments(1)[0]), 4)   # tr(H) / d = (1 + 4 + 9) / 3
+        4.6667
+
+        References
+        ----------
+        Lin, Saad & Yang (2016), Sec. 3.2; Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the invariant
+        :math:`E`). Chapter 4.
+        """
+        fresh = _many_passes(batches, "spectral_density", max_batches)
+        steps = lambda r: _progress(r, progress, f"{self.name} SLQ")
+        source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, fresh()), steps=steps)
+        return slq_density(
+            source, key, metric, num_probes=num_probes, num_iterations=num_iterations, probes=probes, tol=tol,
+            maxiter=maxiter, who=f"{self.name}.spectral_density", return_info=return_info,
         )
 
     def _dataset_block_mv(self, V: jax.Array, batches: Iterable[Batch]) -> jax.Array:

@@ -17,7 +17,7 @@ import jax.numpy as jnp
 
 from .._checks import GeometryError
 from .._status import Status
-from .._tree import PyTree
+from .._tree import PyTree, key_entry
 
 Path = Sequence[Any]
 
@@ -135,11 +135,7 @@ def with_bias(weight: Path, bias: Path) -> WithBias:
     )
 
 
-def _key_entry(k: Any) -> Any:
-    for attr in ("key", "idx", "name"):
-        if hasattr(k, attr):
-            return getattr(k, attr)
-    return k
+_key_entry = key_entry
 
 
 def symmetry_spec(
