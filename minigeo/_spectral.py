@@ -493,7 +493,8 @@ class SpectralDensity(NamedTuple):
     References
     ----------
     Lin, Saad & Yang (2016), *Approximating spectral densities of large matrices*, Sec. 3.2;
-    Ghorbani, Krishnan & Xiao (2019) for network Hessians. Chapter 4.
+    Ghorbani, Krishnan & Xiao (2019) for network Hessians; the invariant :math:`E = G^{-1}H` of
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1. Chapter 4.
     """
 
     nodes: jax.Array

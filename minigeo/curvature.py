@@ -617,7 +617,8 @@ def diagonal_estimate(
 
     References
     ----------
-    Bekas, Kokiopoulou & Saad (2007), *An estimator for the diagonal of a matrix*. Chapter 4.
+    No formula from the source papers: Bekas, Kokiopoulou & Saad (2007), *An estimator for the
+    diagonal of a matrix*. Chapter 4.
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")

@@ -755,7 +755,7 @@ class CurvatureOperator:
 
         References
         ----------
-        Bekas, Kokiopoulou & Saad (2007). Chapter 4.
+        No formula from the source papers: Bekas, Kokiopoulou & Saad (2007). Chapter 4.
         """
         data = _one_pass(batches, self.name, max_batches)
         source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, data))

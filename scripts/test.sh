@@ -15,7 +15,7 @@ bash scripts/setup.sh
 if [ "${1:-}" = "--quick" ]; then
     export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_BOOK_BATCH=1
     echo "== quick 1/2 unit tests (not slow)"
-    python -m pytest tests -m "not slow" -q
+    python -m pytest tests -m "not slow" -q -n 2 --dist loadfile
     echo "== quick 2/2 docstring examples"
     python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider -q
     echo "test --quick: all checks passed"
@@ -32,15 +32,21 @@ export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_BOOK_BATCH=1 MINIGE
 bash scripts/install_chromium.sh
 
 echo "== 1/5 unit tests"
-# two processes: the sharpness and ViT modules compile the largest XLA programs; a fresh process for
-# them keeps one long-lived process from accumulating every compiled executable of the suite
+# two worker processes (pytest-xdist, whole files per worker: a module's fixtures stay in one process)
+# keep both cores busy while the other compiles; two runs: the sharpness and ViT modules compile the
+# largest XLA programs, and fresh workers for them keep a long-lived process from accumulating every
+# compiled executable of the suite
+PARALLEL="-n 2 --dist loadfile"
 HEAVY="tests/test_sharpness.py tests/test_batches_and_inputs.py tests/test_vit.py tests/test_vit_timm_parity.py tests/test_vit_open_clip_parity.py"
-python -m pytest tests $(for f in $HEAVY; do printf -- '--ignore=%s ' "$f"; done)
-python -m pytest $HEAVY
+python -m pytest tests $PARALLEL $(for f in $HEAVY; do printf -- '--ignore=%s ' "$f"; done)
+python -m pytest $HEAVY $PARALLEL
 echo "== 2/5 docstring examples"
 python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider
 echo "== 3/5 notebooks (nbval)"
-python -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book/ -p no:cacheprovider
+# two notebooks at a time; --dist loadscope keeps each notebook's cells, in order, in one kernel (nbval's
+# documented way to run in parallel)
+python -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book/ -p no:cacheprovider \
+    -n 2 --dist loadscope
 echo "== 4/5 book build (-W -n) and PDF"
 rm -rf _build
 jupyter-book build . -W -n --keep-going
