@@ -667,8 +667,9 @@ def transform_metric_field(phi: Reparametrization, metric: Metric | jax.Array | 
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> G_polar = mg.transform_metric_field(mg.reparam.polar(), None)   # the Euclidean plane in (r, angle)
-    >>> G_polar.dense(jnp.array([2.0, 0.3])).round(6)                  # diag(1, r^2)
+    >>> # the Euclidean plane in (r, angle)
+    >>> G_polar = mg.transform_metric_field(mg.reparam.polar(), None)
+    >>> G_polar.dense(jnp.array([2.0, 0.3])).round(6)   # diag(1, r^2)
     Array([[1., 0.],
            [0., 4.]], dtype=float32)
 
@@ -740,7 +741,8 @@ def pushforward(f: Callable[[PyTree], PyTree], x: PyTree, v: PyTree) -> PyTree:
     --------
     >>> import jax.numpy as jnp
     >>> from minigeo import pushforward
-    >>> pushforward(lambda w: jnp.array([w[0] * w[1]]), jnp.array([2.0, 3.0]), jnp.array([1.0, 0.0]))
+    >>> f = lambda w: jnp.array([w[0] * w[1]])
+    >>> pushforward(f, jnp.array([2.0, 3.0]), jnp.array([1.0, 0.0]))
     Array([3.], dtype=float32)
 
     References
@@ -782,7 +784,8 @@ def pullback_covector(f: Callable[[PyTree], PyTree], x: PyTree, omega: PyTree) -
     --------
     >>> import jax.numpy as jnp
     >>> from minigeo import pullback_covector
-    >>> pullback_covector(lambda w: jnp.array([w[0] * w[1]]), jnp.array([2.0, 3.0]), jnp.array([1.0]))
+    >>> f = lambda w: jnp.array([w[0] * w[1]])
+    >>> pullback_covector(f, jnp.array([2.0, 3.0]), jnp.array([1.0]))
     Array([3., 2.], dtype=float32)
 
     References
@@ -867,7 +870,8 @@ def inner(metric: TensorAtPoint, u: PyTree, v: PyTree, *, at: PyTree | None = No
     --------
     >>> import jax.numpy as jnp
     >>> from minigeo import inner
-    >>> float(inner(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 1.0]), jnp.array([1.0, 1.0])))
+    >>> v = jnp.array([1.0, 1.0])
+    >>> float(inner(jnp.diag(jnp.array([1.0, 4.0])), v, v))
     5.0
     >>> import minigeo as mg
     >>> G = mg.metrics.diagonal(lambda p: p**2)                   # a metric field
@@ -999,7 +1003,8 @@ def sharp(
     >>> sharp(jnp.diag(jnp.array([1.0, 4.0])), jnp.array([1.0, 4.0]))
     Array([1., 1.], dtype=float32)
     >>> import minigeo as mg
-    >>> sharp(mg.metrics.diagonal(lambda p: p**2), jnp.array([1.0, 4.0]), at=jnp.array([1.0, 2.0])).round(4)
+    >>> G = mg.metrics.diagonal(lambda p: p**2)
+    >>> sharp(G, jnp.array([1.0, 4.0]), at=jnp.array([1.0, 2.0])).round(4)
     Array([1., 1.], dtype=float32)
 
     References

@@ -204,7 +204,8 @@ class Likelihood(NamedTuple):
     >>> lik = mg.categorical_likelihood()
     >>> lik.name
     'categorical'
-    >>> lik.fisher_mv(jnp.zeros((1, 2)), jnp.array([[1.0, 0.0]])).tolist()  # (diag(p) - p p^T) u, p = (1/2, 1/2)
+    >>> # (diag(p) - p p^T) u with p = (1/2, 1/2)
+    >>> lik.fisher_mv(jnp.zeros((1, 2)), jnp.array([[1.0, 0.0]])).tolist()
     [[0.25, -0.25]]
 
     References

@@ -302,7 +302,9 @@ def vit_from_timm(
     ... except mg.GeometryError as err:
     ...     print(str(err)[:37])
     vit_from_timm: not a timm VisionTrans
-    >>> # with timm installed:  params, config = mm.vit_from_timm(timm.create_model("vit_base_patch32_224").state_dict())
+    >>> # with timm installed:
+    >>> # sd = timm.create_model("vit_base_patch32_224").state_dict()
+    >>> # params, config = mm.vit_from_timm(sd)
 
     References
     ----------
@@ -545,24 +547,28 @@ def vit_from_open_clip(
     >>> import numpy as np, jax.numpy as jnp
     >>> import minigeo.models as mm
     >>> d, p, e, r = 16, 4, 8, np.random.default_rng(0)   # width, patch, embed_dim; 8x8 images
-    >>> shapes = {"conv1.weight": (d, 3, p, p), "class_embedding": (d,), "positional_embedding": (5, d),
-    ...           "ln_pre.weight": (d,), "ln_pre.bias": (d,), "ln_post.weight": (d,), "ln_post.bias": (d,),
-    ...           "proj": (d, e), "transformer.resblocks.0.attn.in_proj_weight": (3 * d, d),
+    >>> shapes = {"conv1.weight": (d, 3, p, p), "class_embedding": (d,),
+    ...           "positional_embedding": (5, d), "ln_pre.weight": (d,), "ln_pre.bias": (d,),
+    ...           "ln_post.weight": (d,), "ln_post.bias": (d,), "proj": (d, e),
+    ...           "transformer.resblocks.0.attn.in_proj_weight": (3 * d, d),
     ...           "transformer.resblocks.0.attn.in_proj_bias": (3 * d,)}
+    >>> block = "transformer.resblocks.0."
     >>> for name, (n_out, n_in) in {"ln_1": (d, 0), "attn.out_proj": (d, d), "ln_2": (d, 0),
     ...                             "mlp.c_fc": (4 * d, d), "mlp.c_proj": (d, 4 * d)}.items():
-    ...     shapes[f"transformer.resblocks.0.{name}.weight"] = (n_out, n_in) if n_in else (n_out,)
-    ...     shapes[f"transformer.resblocks.0.{name}.bias"] = (n_out,)
+    ...     shapes[f"{block}{name}.weight"] = (n_out, n_in) if n_in else (n_out,)
+    ...     shapes[f"{block}{name}.bias"] = (n_out,)
     >>> sd = {"visual." + k: r.normal(size=s).astype(np.float32) for k, s in shapes.items()}
     >>> params, config = mm.vit_from_open_clip(sd, act="quick_gelu", heads=2)
     >>> config.num_classes, config.depth, config.heads, config.pre_norm, config.head_bias
     (8, 1, 2, True, False)
-    >>> len(mm.vit_symmetry_spec(params).pairs)   # (q, k) and (v, o), batched over layers and heads
+    >>> # (q, k) and (v, o), batched over layers and heads
+    >>> len(mm.vit_symmetry_spec(params).pairs)
     2
     >>> images = jnp.zeros((5, 8, 8, 3))                # NHWC; OpenCLIP takes NCHW
     >>> mm.vit_apply(params, images, config).shape      # = model.encode_image(images_nchw)
     (5, 8)
-    >>> T = r.normal(size=(10, e)); T /= np.linalg.norm(T, axis=1, keepdims=True)  # 10 classes' prompts
+    >>> T = r.normal(size=(10, e))   # the prompts of 10 classes
+    >>> T /= np.linalg.norm(T, axis=1, keepdims=True)
     >>> def zero_shot_logits(params, images, logit_scale=100.0):
     ...     f = mm.vit_apply(params, images, config)
     ...     return logit_scale * (f / jnp.linalg.norm(f, axis=-1, keepdims=True)) @ T.T

@@ -161,7 +161,8 @@ def error_rate(
     >>> import jax.numpy as jnp
     >>> import minigeo.models as mm
     >>> apply = lambda p, x: x @ p
-    >>> float(mm.error_rate(apply, jnp.eye(2), jnp.array([[1.0, 0], [0, 1], [1, 0]]), jnp.array([0, 1, 1])))
+    >>> x, y = jnp.array([[1.0, 0], [0, 1], [1, 0]]), jnp.array([0, 1, 1])
+    >>> float(mm.error_rate(apply, jnp.eye(2), x, y))
     0.333333...
 
     References
@@ -281,7 +282,8 @@ def train_epochs(
     >>> x = jnp.linspace(-1, 1, 32)[:, None]; y = 3 * x[:, 0]
     >>> loss = lambda w, b: jnp.mean((b[0] @ w - b[1]) ** 2)
     >>> opt = optax.sgd(0.5)
-    >>> w, _, losses = mm.train_epochs(jax.random.PRNGKey(0), jnp.zeros(1), opt.init(jnp.zeros(1)), (x, y),
+    >>> w0 = jnp.zeros(1)
+    >>> w, _, losses = mm.train_epochs(jax.random.PRNGKey(0), w0, opt.init(w0), (x, y),
     ...                                loss_fn=loss, optimizer=opt, epochs=20, batch_size=8)
     >>> round(float(w[0]), 3), bool(losses[-1] < 1e-4)
     (3.0, True)

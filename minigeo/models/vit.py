@@ -85,7 +85,8 @@ class ViTConfig(NamedTuple):
     Examples
     --------
     >>> import minigeo.models as mm
-    >>> config = mm.ViTConfig(image_size=8, patch_size=4, channels=1, num_classes=10, width=32, depth=2, heads=4, mlp_dim=64)
+    >>> config = mm.ViTConfig(image_size=8, patch_size=4, channels=1, num_classes=10,
+    ...                       width=32, depth=2, heads=4, mlp_dim=64)
     >>> config.num_patches, config.head_dim
     (4, 8)
 
@@ -190,7 +191,8 @@ def init_vit(key: jax.Array, config: ViTConfig, dtype: Any = jnp.float32) -> PyT
     --------
     >>> import jax
     >>> import minigeo.models as mm
-    >>> cfg = mm.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10, width=16, depth=2, heads=2, mlp_dim=32)
+    >>> cfg = mm.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10,
+    ...                    width=16, depth=2, heads=2, mlp_dim=32)
     >>> params = mm.init_vit(jax.random.PRNGKey(0), cfg)
     >>> params["blocks"]["attn"]["W_q"].shape   # (depth, heads, width, head_dim)
     (2, 2, 16, 8)
@@ -391,7 +393,8 @@ def vit_apply(params: PyTree, images: jax.Array, config: ViTConfig) -> jax.Array
     --------
     >>> import jax, jax.numpy as jnp
     >>> import minigeo.models as mm
-    >>> cfg = mm.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10, width=16, depth=2, heads=2, mlp_dim=32)
+    >>> cfg = mm.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10,
+    ...                    width=16, depth=2, heads=2, mlp_dim=32)
     >>> params = mm.init_vit(jax.random.PRNGKey(0), cfg)
     >>> mm.vit_apply(params, jnp.zeros((5, 8, 8, 1)), cfg).shape
     (5, 10)
@@ -498,7 +501,8 @@ def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
     --------
     >>> import jax
     >>> import minigeo.models as mm
-    >>> cfg = mm.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10, width=16, depth=2, heads=2, mlp_dim=32)
+    >>> cfg = mm.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10,
+    ...                    width=16, depth=2, heads=2, mlp_dim=32)
     >>> spec = mm.vit_symmetry_spec(mm.init_vit(jax.random.PRNGKey(0), cfg))
     >>> len(spec.pairs)   # (q, k) and (v, o), each batched over 2 layers x 2 heads
     2
