@@ -893,3 +893,57 @@ def test_no_recompilation_on_repeated_eager_calls():
         again = call(jax.tree_util.tree_map(lambda x: 1.01 * x, params), jax.random.PRNGKey(1))
         assert bool(again.ok)
         assert (_search_batches.cache_size(), _factorize._cache_size()) == sizes
+
+
+def _straight_line_truth(G, H, CG, CH, rho):
+    """Independent dense truth for a loss linear in (G, H): along straight lines w + xi the worst
+    case over the horizontal ball of metric (15) is rho times the metric norm of the horizontal part
+    of the gradient.  Vectors are flattened row-major; metric g = diag(I (x) P^-1, I (x) Q^-1)."""
+    G, H, CG, CH = (np.asarray(x, np.float64) for x in (G, H, CG, CH))
+    h = G.shape[1]
+    P, Q = G.T @ G, H.T @ H
+    Mg = np.zeros((G.size + H.size,) * 2)
+    Mg[: G.size, : G.size] = np.kron(np.eye(G.shape[0]), np.linalg.inv(P))
+    Mg[G.size :, G.size :] = np.kron(np.eye(H.shape[0]), np.linalg.inv(Q))
+    evals, evecs = np.linalg.eigh(Mg)
+    half, inv_half = ((evecs * evals**p) @ evecs.T for p in (0.5, -0.5))
+    vertical = []  # the orbit's tangent (-G X, H X^T) for X = E_ab
+    for a in range(h):
+        for b in range(h):
+            E = np.zeros((h, h))
+            E[a, b] = 1.0
+            vertical.append(np.concatenate([(-G @ E).ravel(), (H @ E.T).ravel()]))
+    Vw = half @ np.stack(vertical, axis=1)
+    cw = inv_half @ np.concatenate([CG.ravel(), CH.ravel()])
+    horizontal = cw - Vw @ np.linalg.lstsq(Vw, cw, rcond=None)[0]
+    return rho * np.linalg.norm(horizontal)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float64, jnp.float32])
+def test_second_order_false_is_the_straight_line_control(dtype):
+    """geodesic_sharpness(second_order=False) moves along w + xi: on a loss linear in the weights its
+    value is rho times the horizontal dual norm of the gradient (dense float64 truth, computed
+    without minigeo), for GL(h) and GL(1) pairs; the default second-order geodesic differs."""
+    r = rng(11)
+    G, H = r.normal(size=(5, 2)), r.normal(size=(4, 2))
+    CG, CH = r.normal(size=(5, 2)), r.normal(size=(4, 2))
+    u, v, a, b = (r.uniform(0.5, 2.0, size=3) for _ in range(4))
+    params = {k: jnp.asarray(x, dtype) for k, x in dict(G=G, H=H, u=u, v=v).items()}
+    C = {k: jnp.asarray(x, dtype) for k, x in dict(G=CG, H=CH, u=a, v=b).items()}
+    loss = lambda p, batch: sum(jnp.sum(C[k] * p[k]) for k in C) + 0.0 * jnp.sum(batch)
+    spec = mg.symmetry_spec(params, [(("G",), ("H",))], gl1_pairs=[(("u",), ("v",))])
+    rho = 0.3
+    kw = dict(key=jax.random.PRNGKey(0), n_iter=10, n_restarts=0)
+    batches = jnp.zeros((1, 1), dtype)
+    first = mg.geodesic_sharpness(loss, params, batches, spec, rho, second_order=False, **kw)
+    second = mg.geodesic_sharpness(loss, params, batches, spec, rho, **kw)
+    # the GL(1) pair: xi = (uB, vB) with norm sqrt(2)|B|, so rho / sqrt(2) |a u + b v|
+    gl1 = rho / np.sqrt(2.0) * np.linalg.norm(a * u + b * v)
+    exact = np.hypot(_straight_line_truth(G, H, CG, CH, rho), gl1)
+    rtol = 1e-6 if dtype == jnp.float64 else 1e-4
+    assert int(first.status) == 0 and int(second.status) == 0
+    np.testing.assert_allclose(float(first.sharpness), exact, rtol=rtol)
+    assert abs(float(second.sharpness) - exact) > 1e-3 * exact  # the Christoffel term matters here
+    # the option is part of the compiled geometry's identity, not a traced value
+    again = mg.geodesic_sharpness(loss, params, batches, spec, rho, second_order=False, **kw)
+    assert float(again.sharpness) == float(first.sharpness)

@@ -140,6 +140,7 @@ class _GLhPair(_Block):
     g: Side
     h: Side
     eps: float
+    second_order: bool = True
 
     n_parts: ClassVar[int] = 2
 
@@ -187,7 +188,12 @@ class _GLhPair(_Block):
         return _horizontal_whitened(f, (_mT(f.Gn) @ gG, _mT(f.Hn) @ gH), (gG, gH))
 
     def perturb(self, w: list, f: _PairFrame, parts: list) -> tuple[list, Any]:
-        """The two moved sides as matrices (eq. 7), and what the chain rule needs."""
+        r"""The two moved sides as matrices (eq. 7), and what the chain rule needs.
+
+        With ``second_order=False`` (the control without the Christoffel term) the moved sides are
+        the straight line :math:`M + \xi = \hat M R + zR`."""
+        if not self.second_order:
+            return [(f.Gn + parts[0]) @ f.P_half, (f.Hn + parts[1]) @ f.Q_half], None
         G1, cG = _side_forward(f.Gn, parts[0], f.P_half)
         H1, cH = _side_forward(f.Hn, parts[1], f.Q_half)
         return [G1, H1], (cG, cH)
@@ -202,6 +208,9 @@ class _GLhPair(_Block):
         :math:`(PH^\top H)X + X(G^\top GQ) = PH^\top\xi_H - \xi_G^\top GQ` (:math:`(PQ)X + X(PQ)` for
         :math:`\epsilon = 0`) and the result is
         :math:`(g_G + GX^\top P^{-1/2},\ g_H - HXQ^{-1/2})` (see :mod:`minigeo.quotient`)."""
+        if not self.second_order:  # straight line: the gradient in z is D R^T
+            gG, gH = grad[0] @ _mT(f.P_half), grad[1] @ _mT(f.Q_half)
+            return _horizontal_whitened(f, (_mT(f.Gn) @ gG, _mT(f.Hn) @ gH), (gG, gH))
         (zG, zH), (DG, DH), (cG, cH) = parts, grad, cache
         (KG, CsG, CcG), GtgG = _side_backward(f.Gn, zG, f.P_half, f.gram_G, cG, DG)
         (KH, CsH, CcH), HtgH = _side_backward(f.Hn, zH, f.Q_half, f.gram_H, cH, DH)
@@ -222,6 +231,7 @@ class _GL1Pair(_Block):
 
     u: int
     v: int
+    second_order: bool = True
 
     @property
     def leaves(self) -> tuple[int, ...]:
@@ -232,6 +242,8 @@ class _GL1Pair(_Block):
 
     def perturb(self, w: list, f: None, parts: list) -> tuple[list, None]:
         B = parts[0] / math.sqrt(2.0)
+        if not self.second_order:  # the straight line (u + uB, v + vB)
+            return [(w[self.u] * (1.0 + B), w[self.v] * (1.0 + B))], None
         return [(w[self.u] * jnp.exp(B), w[self.v] * jnp.exp(B))], None
 
     def write(self, out: list, moved: list) -> None:
@@ -239,6 +251,8 @@ class _GL1Pair(_Block):
 
     def riemannian(self, w: list, f: None, parts: list, cache: None, moved: list, grad: list) -> list:
         (u1, v1), (gu, gv) = moved[0], grad[0]
+        if not self.second_order:
+            u1, v1 = w[self.u], w[self.v]
         return [(gu * u1 + gv * v1) / math.sqrt(2.0)]
 
     def tangent(self, w: list, f: None, parts: list) -> list:
@@ -293,19 +307,23 @@ class _Geometry:
     Hashable by its spec's content: a static argument of the compiled search, shared by equal geometries.
     """
 
-    def __init__(self, spec: SymmetrySpec | None, *, adaptive: bool = False):
+    def __init__(self, spec: SymmetrySpec | None, *, adaptive: bool = False, second_order: bool = True):
         """The geometry of ``spec``'s symmetries; ``adaptive=True`` keeps only its redundant leaves
-        (held fixed) and treats every other leaf element-wise (adaptive sharpness)."""
+        (held fixed) and treats every other leaf element-wise (adaptive sharpness);
+        ``second_order=False`` moves the pairs along straight lines (no Christoffel term)."""
         use_pairs = spec is not None and not adaptive
         self.pairs = spec.pairs if use_pairs else ()
         self.gl1 = spec.gl1_pairs if use_pairs else ()
         self.eps = spec.eps if use_pairs else 0.0
         self.names = spec.pair_names if use_pairs else ()
         self.fixed = tuple(spec.redundant) if spec is not None else ()
-        self._paired = [_GLhPair(g, h, self.eps) for g, h in self.pairs] + [_GL1Pair(u, v) for u, v in self.gl1]
+        self.second_order = bool(second_order)
+        self._paired = [_GLhPair(g, h, self.eps, self.second_order) for g, h in self.pairs] + [
+            _GL1Pair(u, v, self.second_order) for u, v in self.gl1
+        ]
 
     def _key(self) -> tuple:
-        return (self.pairs, self.gl1, self.eps, self.fixed)
+        return (self.pairs, self.gl1, self.eps, self.fixed, self.second_order)
 
     def __hash__(self) -> int:  # a static argument of the compiled loop: equal geometries share a compilation
         return hash(self._key())

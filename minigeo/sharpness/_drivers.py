@@ -440,6 +440,7 @@ def geodesic_sharpness(
     return_perturbation: bool = False,
     n_restarts: int = N_RESTARTS,
     rtol: float = DEFAULT_RTOL,
+    second_order: bool = True,
 ) -> SharpnessResult:
     r"""Worst-case geodesic sharpness on the quotient by the spec's symmetries.
 
@@ -474,6 +475,13 @@ def geodesic_sharpness(
         accepted when its error bound :math:`\mathrm{cond}(\text{side})\,\varepsilon_{\text{dtype}}` (largest
         over heads) is at most ``rtol``.  The default 1e-2 accepts float32 sides up to condition number
         8.4e4 (a ViT-B/32 moved by per-head :math:`A = I + N/8` has 3.9e4, bound 4.6e-3).
+    second_order : bool, optional
+        ``True`` (default): the perturbed point is the second-order geodesic
+        :math:`w + \xi - \tfrac12\Gamma(\xi,\xi)` (exact geodesics on GL(1) pairs).  ``False``: a
+        control without the Christoffel term, the straight line :math:`w + \xi` from the base point
+        in the same horizontal direction and over the same ball (the search, the metric and the
+        projection are unchanged).  The two agree to first order in :math:`\rho`; their difference
+        measures what the higher-order geodesic terms contribute (chapter 7).
 
     Returns
     -------
@@ -509,7 +517,7 @@ def geodesic_sharpness(
     who = "geodesic_sharpness"
     _check_spec(spec, params, who)
     return _over_batches(
-        loss_fn, _Geometry(spec), params, batches, rho, key, n_iter, momentum, return_perturbation, who, n_restarts,
+        loss_fn, _Geometry(spec, second_order=second_order), params, batches, rho, key, n_iter, momentum, return_perturbation, who, n_restarts,
         rtol,
     )
 
