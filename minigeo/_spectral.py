@@ -203,7 +203,11 @@ def hutchpp_trace(
     ginv = _checked_inverse_block(metric, params, tol, maxiter, who)
     inverse = (lambda V: V) if ginv is None else ginv
     S = jax.random.rademacher(k_sketch, (s, d), dtype=dtype)
-    Y = inverse(source.block_mv(S))  # rows A s_i
+    # "map": one row at a time (the sketch of a large model would otherwise multiply s vectors at once)
+    block_mv = source.block_mv if batched == "vmap" else (
+        lambda V: jnp.concatenate([source.block_mv(V[i : i + 1]) for i in range(V.shape[0])])
+    )
+    Y = inverse(block_mv(S))  # rows A s_i
     check_finite(Y, f"The {source.name} products", hint=_CG_HINT)
     Q = jnp.linalg.qr(Y.T)[0].T  # orthonormal rows spanning range(A S)
     exact = jnp.sum(source.terms(_stacked(params, Q), _stacked(params, inverse(Q)), batched))  # tr(Q^T A Q)
