@@ -774,7 +774,7 @@ class CurvatureOperator:
 
         Parameters
         ----------
-        paths : sequence of paths
+        paths : sequence of tuple
             The leaves to keep, each a tuple of keys as in ``jax.tree_util.tree_leaves_with_path``
             (``("layer1", "w")``, ``("blocks", 0, "wq")``); a single key is a path of length one.
 
