@@ -154,7 +154,8 @@ class Metric:
         --------
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
-        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).with_damping(1.0).mv(jnp.zeros(2), jnp.ones(2))
+        >>> G = mg.metrics.diagonal(jnp.array([1.0, 4.0]))
+        >>> G.with_damping(1.0).mv(jnp.zeros(2), jnp.ones(2))
         Array([2., 5.], dtype=float32)
 
         References
@@ -224,7 +225,8 @@ class Metric:
         --------
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
-        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).inner(jnp.zeros(2), jnp.ones(2), jnp.ones(2))
+        >>> G = mg.metrics.diagonal(jnp.array([1.0, 4.0]))
+        >>> G.inner(jnp.zeros(2), jnp.ones(2), jnp.ones(2))
         Array(5., dtype=float32)
 
         References
@@ -260,7 +262,8 @@ class Metric:
         --------
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
-        >>> float(mg.metrics.euclidean().with_damping(1.0).with_damping(0.5).damping)  # replaces, no sum
+        >>> G = mg.metrics.euclidean().with_damping(1.0)
+        >>> float(G.with_damping(0.5).damping)   # replaces, no sum
         0.5
 
         References
@@ -376,7 +379,8 @@ class Metric:
         --------
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
-        >>> mg.metrics.diagonal(jnp.array([1.0, 4.0])).solve(jnp.zeros(2), jnp.array([1.0, 4.0])).round(4)
+        >>> G = mg.metrics.diagonal(jnp.array([1.0, 4.0]))
+        >>> G.solve(jnp.zeros(2), jnp.array([1.0, 4.0])).round(4)
         Array([1., 1.], dtype=float32)
 
         References
@@ -685,11 +689,13 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> polar = mg.as_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])), kind="matrix_field")
+    >>> field = lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2]))
+    >>> polar = mg.as_metric(field, kind="matrix_field")
     >>> polar.dense(jnp.array([2.0, 0.3]))
     Array([[1., 0.],
            [0., 4.]], dtype=float32)
-    >>> mg.as_metric(jnp.array([[2.0, 1.0], [1.0, 2.0]])).mv(jnp.zeros(2), jnp.array([1.0, 0.0]))
+    >>> G = mg.as_metric(jnp.array([[2.0, 1.0], [1.0, 2.0]]))
+    >>> G.mv(jnp.zeros(2), jnp.array([1.0, 0.0]))
     Array([2., 1.], dtype=float32)
 
     References

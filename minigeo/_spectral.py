@@ -69,7 +69,8 @@ class EstimateInfo(NamedTuple):
     >>> import jax, jax.numpy as jnp
     >>> import minigeo as mg
     >>> f = lambda x: jnp.sum(jnp.arange(1.0, 4.0) * x**2)
-    >>> est, se, info = mg.trace_estimate(f, jnp.zeros(3), jax.random.PRNGKey(0), return_info=True)
+    >>> key = jax.random.PRNGKey(0)
+    >>> est, se, info = mg.trace_estimate(f, jnp.zeros(3), key, return_info=True)
     >>> float(est), mg.Status(int(info.status)).name, info.num_products
     (12.0, 'OK', 10)
 

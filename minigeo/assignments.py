@@ -80,7 +80,8 @@ class CheckReport(NamedTuple):
     --------
     >>> import jax.numpy as jnp
     >>> from minigeo import assignments
-    >>> report = assignments.check_invariant_trace(lambda H, G: jnp.trace(jnp.linalg.solve(G, H)))
+    >>> trace = lambda H, G: jnp.trace(jnp.linalg.solve(G, H))
+    >>> report = assignments.check_invariant_trace(trace)
     PASS invariant trace tr(G^-1 H): ...
     >>> report.passed
     True
@@ -372,7 +373,8 @@ def check_natural_gradient_step(
     --------
     >>> import jax.numpy as jnp
     >>> from minigeo import assignments
-    >>> assignments.check_natural_gradient_step(lambda G, g, lr: -lr * jnp.linalg.solve(G, g)).passed
+    >>> step = lambda G, g, lr: -lr * jnp.linalg.solve(G, g)
+    >>> assignments.check_natural_gradient_step(step).passed
     PASS natural_gradient_step: ...
     True
 
@@ -751,7 +753,8 @@ def check_horizontal_projection(
     Examples
     --------
     >>> from minigeo import assignments, horizontal_projection
-    >>> assignments.check_horizontal_projection(lambda G, H, xi: horizontal_projection((G, H), xi)).passed
+    >>> project = lambda G, H, xi: horizontal_projection((G, H), xi)
+    >>> assignments.check_horizontal_projection(project).passed
     PASS horizontal_projection: ...
     True
 

@@ -104,8 +104,9 @@ def hvp(f: Callable[..., jax.Array], params: PyTree, v: PyTree, *, batch: Any = 
     >>> import minigeo as mg
     >>> mg.hvp(lambda x: x[0] ** 2 * x[1], jnp.array([1.0, 2.0]), jnp.array([1.0, 0.0]))
     Array([4., 2.], dtype=float32)
-    >>> loss = lambda w, b: 0.5 * jnp.mean((b["x"] @ w - b["y"]) ** 2)     # the data as an argument
-    >>> mg.hvp(loss, jnp.zeros(2), jnp.array([1.0, 0.0]), batch={"x": jnp.eye(2), "y": jnp.ones(2)})
+    >>> loss = lambda w, b: 0.5 * jnp.mean((b["x"] @ w - b["y"]) ** 2)   # data: an argument
+    >>> batch = {"x": jnp.eye(2), "y": jnp.ones(2)}
+    >>> mg.hvp(loss, jnp.zeros(2), jnp.array([1.0, 0.0]), batch=batch)
     Array([0.5, 0. ], dtype=float32)
 
     References
@@ -221,7 +222,8 @@ def christoffel_symbols(metric: Metric | jax.Array | None, x: jax.Array) -> jax.
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> polar = mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])))   # Euclidean, in (r, angle)
+    >>> # the Euclidean metric in polar coordinates (r, angle)
+    >>> polar = mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])))
     >>> Gamma = mg.christoffel_symbols(polar, jnp.array([2.0, 0.3]))
     >>> float(Gamma[0, 1, 1]), float(Gamma[1, 0, 1])              # -r and 1/r
     (-2.0, 0.5)
@@ -280,10 +282,10 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric: Metric | jax
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> f = lambda p: p[0] * jnp.cos(p[1])            # the function x in polar coordinates (r, angle)
+    >>> f = lambda p: p[0] * jnp.cos(p[1])   # the function x in polar coordinates
     >>> polar = mg.dense_metric(lambda p: jnp.diag(jnp.array([1.0, p[0] ** 2])))
     >>> H = mg.riemannian_hessian(f, polar, jnp.array([2.0, 0.3]))
-    >>> bool(jnp.allclose(H, 0.0, atol=1e-6))         # x is linear: its Riemannian Hessian vanishes
+    >>> bool(jnp.allclose(H, 0.0, atol=1e-6))   # x is linear: its Riemannian Hessian is 0
     True
 
     References
@@ -335,7 +337,8 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric: Metric | j
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> E = mg.hessian_endomorphism(lambda x: x[0] ** 2 + 3 * x[1] ** 2, 2 * jnp.eye(2), jnp.zeros(2))
+    >>> f = lambda x: x[0] ** 2 + 3 * x[1] ** 2
+    >>> E = mg.hessian_endomorphism(f, 2 * jnp.eye(2), jnp.zeros(2))
     >>> E.round(4)
     Array([[1., 0.],
            [0., 3.]], dtype=float32)
@@ -388,7 +391,8 @@ def endomorphism_eigenvalues(H: jax.Array, G: jax.Array) -> jax.Array:
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> mg.endomorphism_eigenvalues(jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0])))
+    >>> H, G = jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0]))
+    >>> mg.endomorphism_eigenvalues(H, G)
     Array([2., 3.], dtype=float32)
 
     References
@@ -424,7 +428,8 @@ def endomorphism_trace(H: jax.Array, G: jax.Array) -> jax.Array:
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> mg.endomorphism_trace(jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0])))
+    >>> H, G = jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0]))
+    >>> mg.endomorphism_trace(H, G)
     Array(5., dtype=float32)
 
     References
@@ -461,7 +466,8 @@ def endomorphism_slogdet(H: jax.Array, G: jax.Array) -> tuple[jax.Array, jax.Arr
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> sign, logdet = mg.endomorphism_slogdet(jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0])))
+    >>> H, G = jnp.diag(jnp.array([2.0, 12.0])), jnp.diag(jnp.array([1.0, 4.0]))
+    >>> sign, logdet = mg.endomorphism_slogdet(H, G)
     >>> float(sign), round(float(jnp.exp(logdet)), 4)
     (1.0, 6.0)
 
@@ -545,7 +551,8 @@ def trace_estimate(
     --------
     >>> import jax, jax.numpy as jnp
     >>> import minigeo as mg
-    >>> est, se = mg.trace_estimate(lambda x: jnp.sum(jnp.arange(1.0, 4.0) * x**2), jnp.zeros(3), jax.random.PRNGKey(0))
+    >>> f = lambda x: jnp.sum(jnp.arange(1.0, 4.0) * x**2)
+    >>> est, se = mg.trace_estimate(f, jnp.zeros(3), jax.random.PRNGKey(0))
     >>> float(est)   # exact for a diagonal Hessian with Rademacher probes: 2 + 4 + 6
     12.0
 
@@ -760,7 +767,8 @@ def top_eigenvalues(
     >>> mg.top_eigenvalues(f, jnp.zeros(5), jax.random.PRNGKey(0), k=3).round(4)
     Array([5., 5., 3.], dtype=float32)
     >>> g = lambda x: 0.5 * jnp.sum(jnp.array([-2.0, -2.0, 1.0, 3.0]) * x**2)   # a saddle
-    >>> mg.top_eigenvalues(g, jnp.zeros(4), jax.random.PRNGKey(0), k=2, which="smallest").round(4)
+    >>> key = jax.random.PRNGKey(0)
+    >>> mg.top_eigenvalues(g, jnp.zeros(4), key, k=2, which="smallest").round(4)
     Array([-2., -2.], dtype=float32)
 
     References
@@ -861,7 +869,8 @@ def spectral_density(
     >>> import jax, jax.numpy as jnp
     >>> import minigeo as mg
     >>> f = lambda x: 0.5 * jnp.sum(jnp.array([1.0, 2.0, 2.0, 5.0]) * x**2)
-    >>> dens = mg.spectral_density(f, jnp.zeros(4), jax.random.PRNGKey(0), num_probes=3, num_iterations=4)
+    >>> key = jax.random.PRNGKey(0)
+    >>> dens = mg.spectral_density(f, jnp.zeros(4), key, num_probes=3, num_iterations=4)
     >>> jnp.unique(dens.nodes.round(3))      # d iterations: the eigenvalues themselves
     Array([1., 2., 5.], dtype=float32)
     >>> round(float(dens.moments(1)[0]), 4)  # tr(H) / d, exact here

@@ -172,9 +172,11 @@ def log_density_wrt_volume(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> fisher = mg.dense_metric(lambda t: jnp.array([[1.0 / (t[0] * (1 - t[0]))]]))   # Bernoulli Fisher
+    >>> # the Bernoulli Fisher metric
+    >>> fisher = mg.dense_metric(lambda t: jnp.array([[1.0 / (t[0] * (1 - t[0]))]]))
     >>> jeffreys = lambda t: -0.5 * jnp.log(t[0] * (1 - t[0])) - jnp.log(jnp.pi)
-    >>> round(float(mg.log_density_wrt_volume(jeffreys, fisher)(jnp.array([0.3]))), 6)  # uniform: 1 / pi
+    >>> log_p = mg.log_density_wrt_volume(jeffreys, fisher)
+    >>> round(float(log_p(jnp.array([0.3]))), 6)   # uniform: 1 / pi
     -1.14473
 
     References
@@ -258,10 +260,12 @@ def logdet_slq(
     >>> import jax, jax.numpy as jnp
     >>> import minigeo as mg
     >>> A = jnp.diag(jnp.arange(1.0, 6.0))
-    >>> est, se = mg.logdet_slq(lambda v: A @ v, 5, jax.random.PRNGKey(0), num_iterations=5)
-    >>> round(float(est), 3), round(float(jnp.log(120.0)), 3)   # exact with Rademacher probes, diagonal A
+    >>> key = jax.random.PRNGKey(0)
+    >>> est, se = mg.logdet_slq(lambda v: A @ v, 5, key, num_iterations=5)
+    >>> # exact with Rademacher probes, diagonal A
+    >>> round(float(est), 3), round(float(jnp.log(120.0)), 3)
     (4.787, 4.787)
-    >>> est, se = mg.logdet_slq(lambda v: 3.0 * v, 10, jax.random.PRNGKey(0))   # 3 I: exactly 10 log 3
+    >>> est, se = mg.logdet_slq(lambda v: 3.0 * v, 10, key)   # 3 I: exactly 10 log 3
     >>> round(float(est), 4), round(10 * float(jnp.log(3.0)), 4)
     (10.9861, 10.9861)
 
@@ -397,9 +401,11 @@ def laplace_log_marginal_likelihood(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> L = lambda t: 0.5 * jnp.sum(t**2 / jnp.array([1.0, 4.0]))   # unnormalized N(0, diag(1, 4))
+    >>> # N(0, diag(1, 4)), unnormalized
+    >>> L = lambda t: 0.5 * jnp.sum(t**2 / jnp.array([1.0, 4.0]))
     >>> ev = mg.laplace_log_marginal_likelihood(L, jnp.zeros(2))
-    >>> round(float(ev.log_z), 4), round(float(jnp.log(2 * jnp.pi * 2.0)), 4)   # exact: log(2 pi sqrt(1 * 4))
+    >>> # exact: log(2 pi sqrt(1 * 4))
+    >>> round(float(ev.log_z), 4), round(float(jnp.log(2 * jnp.pi * 2.0)), 4)
     (2.531, 2.531)
 
     References

@@ -97,7 +97,8 @@ def gram_matrix(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> phi = lambda xi: jnp.array([jnp.sin(2 * xi[0]), jnp.sin(xi[0])])  # van Oostrum et al. 2023, App. A.2
+    >>> # van Oostrum et al. 2023, App. A.2
+    >>> phi = lambda xi: jnp.array([jnp.sin(2 * xi[0]), jnp.sin(xi[0])])
     >>> mg.gram_matrix(phi, None, jnp.array([0.0]))
     Array([[5.]], dtype=float32)
 

@@ -442,7 +442,8 @@ class CurvatureOperator:
         --------
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
-        >>> H = mg.hessian_operator(lambda w, x: jnp.mean(jnp.sum(x * w ** 3, axis=1)), jnp.ones(2))
+        >>> loss = lambda w, x: jnp.mean(jnp.sum(x * w ** 3, axis=1))
+        >>> H = mg.hessian_operator(loss, jnp.ones(2))
         >>> H.at(2 * jnp.ones(2)).dataset_mv(jnp.ones(2), [jnp.ones((1, 2))])   # 6 w
         Array([12., 12.], dtype=float32)
 
@@ -488,7 +489,8 @@ class CurvatureOperator:
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
-        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
+        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
         >>> H.mv(jnp.ones(3), X)   # diag(1, 4, 9)
         Array([1., 4., 9.], dtype=float32)
 
@@ -538,8 +540,10 @@ class CurvatureOperator:
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
-        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
-        >>> H.dataset_mv(jnp.ones(3), mg.batches_of(X, 2))   # (2 * 1.5 diag(1, 4, 0) + 1 * 3 diag(0, 0, 9)) / 3
+        >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
+        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> # (2 * 1.5 diag(1, 4, 0) + 1 * 3 diag(0, 0, 9)) / 3
+        >>> H.dataset_mv(jnp.ones(3), mg.batches_of(X, 2))
         Array([1., 4., 9.], dtype=float32)
 
         References
@@ -585,7 +589,8 @@ class CurvatureOperator:
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
-        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
+        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
         >>> G = H.as_metric(X)
         >>> G.mv(jnp.zeros(3), jnp.ones(3))
         Array([1., 4., 9.], dtype=float32)
@@ -669,8 +674,10 @@ class CurvatureOperator:
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
-        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
-        >>> est, se = H.trace_estimate(jax.random.PRNGKey(0), [X])   # Rademacher, diagonal: exact
+        >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
+        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> key = jax.random.PRNGKey(0)
+        >>> est, se = H.trace_estimate(key, [X])   # Rademacher, diagonal: exact
         >>> float(est)
         14.0
 
@@ -749,8 +756,10 @@ class CurvatureOperator:
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
-        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
-        >>> H.diagonal_estimate(jax.random.PRNGKey(0), [X], num_probes=2)[0]   # diagonal: exact
+        >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
+        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> key = jax.random.PRNGKey(0)
+        >>> H.diagonal_estimate(key, [X], num_probes=2)[0]   # diagonal: exact
         Array([1., 4., 9.], dtype=float32)
 
         References
@@ -792,7 +801,7 @@ class CurvatureOperator:
         --------
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
-        >>> loss = lambda p, x: jnp.mean(jnp.sum(x * p["a"], axis=1) ** 2 + jnp.sum(p["b"] ** 4))
+        >>> loss = lambda p, x: jnp.mean(jnp.sum(x * p["a"], 1) ** 2 + jnp.sum(p["b"] ** 4))
         >>> H = mg.hessian_operator(loss, {"a": jnp.ones(2), "b": jnp.ones(1)})
         >>> Hb = H.restrict([("b",)])
         >>> Hb.dataset_mv(Hb.params, [jnp.eye(2)])          # 12 b^2 on the b block only
@@ -906,7 +915,8 @@ class CurvatureOperator:
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
-        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
+        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
         >>> H.top_eigenvalues(jax.random.PRNGKey(0), [X], k=2).round(4)
         Array([9., 4.], dtype=float32)
 
@@ -985,8 +995,10 @@ class CurvatureOperator:
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
-        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
-        >>> dens = H.spectral_density(jax.random.PRNGKey(0), [X], num_probes=2, num_iterations=3)
+        >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
+        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> key = jax.random.PRNGKey(0)
+        >>> dens = H.spectral_density(key, [X], num_probes=2, num_iterations=3)
         >>> round(float(dens.moments(1)[0]), 4)   # tr(H) / d = (1 + 4 + 9) / 3
         4.6667
 
@@ -1077,7 +1089,8 @@ class CurvatureOperator:
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
-        >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3, jnp.zeros(3))
+        >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
+        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
         >>> est, se = H.logdet_slq(jax.random.PRNGKey(0), [X], num_iterations=3)
         >>> round(float(est), 4), round(float(jnp.log(36.0)), 4)   # det diag(1, 4, 9) = 36
         (3.5835, 3.5835)
@@ -1210,7 +1223,8 @@ def ggn_operator(
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> X, y = jnp.eye(3), jnp.zeros(3)
-    >>> G = mg.ggn_operator(lambda w, x: x @ w, lambda z, t: jnp.mean((z - t) ** 2), jnp.ones(3))
+    >>> loss = lambda z, t: jnp.mean((z - t) ** 2)
+    >>> G = mg.ggn_operator(lambda w, x: x @ w, loss, jnp.ones(3))
     >>> G.dataset_mv(jnp.ones(3), mg.batches_of((X, y), 2))   # 2 X^T X / N
     Array([0.6666667, 0.6666667, 0.6666667], dtype=float32)
 
@@ -1266,8 +1280,9 @@ def fisher_operator(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> F = mg.fisher_operator(lambda w, x: x * w, jnp.zeros(2))   # logits x * w, p = (1/2, 1/2)
-    >>> F.dataset_mv(jnp.array([1.0, 0.0]), mg.batches_of((jnp.ones((3, 2)), jnp.zeros(3)), 2))
+    >>> F = mg.fisher_operator(lambda w, x: x * w, jnp.zeros(2))   # p = (1/2, 1/2)
+    >>> data = mg.batches_of((jnp.ones((3, 2)), jnp.zeros(3)), 2)
+    >>> F.dataset_mv(jnp.array([1.0, 0.0]), data)
     Array([ 0.25, -0.25], dtype=float32)
 
     References
@@ -1321,8 +1336,10 @@ def empirical_fisher_operator(
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> X, y = jnp.array([[1.0], [2.0], [3.0]]), jnp.ones(3)
-    >>> EF = mg.empirical_fisher_operator(lambda w, x: x @ w, lambda z, t: 0.5 * (z - t) ** 2, jnp.zeros(1))
-    >>> EF.dataset_mv(jnp.ones(1), mg.batches_of((X, y), 2))   # mean of (x (w x - y))^2 = 14 / 3
+    >>> loss = lambda z, t: 0.5 * (z - t) ** 2
+    >>> EF = mg.empirical_fisher_operator(lambda w, x: x @ w, loss, jnp.zeros(1))
+    >>> # the mean of (x (w x - y))^2 = 14 / 3
+    >>> EF.dataset_mv(jnp.ones(1), mg.batches_of((X, y), 2))
     Array([4.6666665], dtype=float32)
 
     References

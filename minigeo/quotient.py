@@ -299,8 +299,9 @@ def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
 
     .. math::
 
-        \xi^{\mathrm H} = (\xi_G + G\Lambda,\; \xi_H - H\Lambda^\top),\qquad
-        (PH^\top H)X + X(G^\top GQ) = PH^\top\xi_H - \xi_G^\top GQ,\quad X = \Lambda^\top,
+        \xi^{\mathrm H} &= (\xi_G + G\Lambda,\; \xi_H - H\Lambda^\top),
+
+        (PH^\top H)X + X(G^\top GQ) &= PH^\top\xi_H - \xi_G^\top GQ,\qquad X = \Lambda^\top,
 
     with :math:`P = G^\top G + \epsilon I`, :math:`Q = H^\top H + \epsilon I` (for :math:`\epsilon = 0`:
     :math:`(PQ)X + X(PQ)`; the module notes derive it and compare with the equation printed in the

@@ -358,11 +358,13 @@ def vit_apply(params: PyTree, images: jax.Array, config: ViTConfig) -> jax.Array
 
     .. math::
 
-        z_0 = [x_{\mathrm{cls}};\ \mathrm{patches}\,E + b_E] + E_{\mathrm{pos}},\qquad
-        z \leftarrow z + \mathrm{MHA}(\mathrm{LN}_1 z),\quad z \leftarrow z + \mathrm{MLP}(\mathrm{LN}_2 z),
+        z_0 &= [x_{\mathrm{cls}};\ \mathrm{patches}\,E + b_E] + E_{\mathrm{pos}},
 
-        \mathrm{logits} = \mathrm{LN}(z)_{\mathrm{cls}} W_{\mathrm{head}} + b_{\mathrm{head}},\qquad
-        \mathrm{MHA}(z) = [\mathrm{head}_1, \dots, \mathrm{head}_h]\,W^o,\quad
+        z &\leftarrow z + \mathrm{MHA}(\mathrm{LN}_1 z),\quad z \leftarrow z + \mathrm{MLP}(\mathrm{LN}_2 z),
+
+        \mathrm{logits} &= \mathrm{LN}(z)_{\mathrm{cls}} W_{\mathrm{head}} + b_{\mathrm{head}},
+
+        \mathrm{MHA}(z) &= [\mathrm{head}_1, \dots, \mathrm{head}_h]\,W^o,\qquad
         \mathrm{head}_i = \mathrm{softmax}\Big(\tfrac{z W_q^i (z W_k^i)^\top}{\sqrt{d_{\mathrm{head}}}}\Big) z W_v^i
 
     (biases omitted in the attention).  With ``config.pre_norm``, :math:`z_0` is replaced by

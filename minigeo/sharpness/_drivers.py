@@ -392,9 +392,10 @@ def adaptive_sharpness(
     --------
     >>> import jax, jax.numpy as jnp
     >>> import minigeo as mg
-    >>> loss = lambda w, b: 0.5 * jnp.sum(b * (w - 1.0) ** 2)        # minimum at w = 1, curvature b
-    >>> res = mg.adaptive_sharpness(loss, jnp.ones(3), jnp.array([[1.0, 2.0, 4.0]]), 0.1, key=jax.random.PRNGKey(0))
-    >>> round(float(res.sharpness), 4)                               # closed form: rho^2 max(b) / 2
+    >>> loss = lambda w, b: 0.5 * jnp.sum(b * (w - 1.0) ** 2)   # minimum w = 1, curvature b
+    >>> b, key = jnp.array([[1.0, 2.0, 4.0]]), jax.random.PRNGKey(0)
+    >>> res = mg.adaptive_sharpness(loss, jnp.ones(3), b, 0.1, key=key)
+    >>> round(float(res.sharpness), 4)   # closed form: rho^2 max(b) / 2
     0.02
 
     References
@@ -502,7 +503,8 @@ def geodesic_sharpness(
     --------
     >>> import jax, jax.numpy as jnp
     >>> import minigeo as mg
-    >>> params = {"G": jnp.array([[1.0, 0.0], [0.0, 2.0]]), "H": jnp.array([[1.0, 1.0], [0.0, 1.0]])}
+    >>> G, H = jnp.array([[1.0, 0.0], [0.0, 2.0]]), jnp.array([[1.0, 1.0], [0.0, 1.0]])
+    >>> params = {"G": G, "H": H}
     >>> loss = lambda p, T: 0.5 * jnp.sum((p["G"] @ p["H"].T - T) ** 2)
     >>> spec = mg.symmetry_spec(params, [(("G",), ("H",))])
     >>> T = (params["G"] @ params["H"].T)[None]

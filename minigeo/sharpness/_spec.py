@@ -189,7 +189,8 @@ def symmetry_spec(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> params = {"q": jnp.ones((4, 2)), "k": jnp.ones((3, 2)), "b": jnp.ones(3), "bq": jnp.ones(2)}
+    >>> params = {"q": jnp.ones((4, 2)), "k": jnp.ones((3, 2)),
+    ...           "b": jnp.ones(3), "bq": jnp.ones(2)}
     >>> mg.symmetry_spec(params, [(("q",), ("k",))]).pairs
     (((3,), (2,)),)
     >>> mg.symmetry_spec(params, [(mg.with_bias(("q",), ("bq",)), ("k",))]).pairs
@@ -304,12 +305,14 @@ class SharpnessResult(NamedTuple):
     >>> import minigeo as mg
     >>> loss = lambda p, x: jnp.sum((p["w"] * x) ** 2)
     >>> batches = jnp.ones((2, 3))  # two batches
-    >>> res = mg.adaptive_sharpness(loss, {"w": jnp.ones(3)}, batches, 0.1, key=jax.random.PRNGKey(0), n_iter=5)
+    >>> key = jax.random.PRNGKey(0)
+    >>> res = mg.adaptive_sharpness(loss, {"w": jnp.ones(3)}, batches, 0.1, key=key,
+    ...                             n_iter=5)
     >>> res.per_batch.shape, res.perturbation is None, int(res.status)
     ((2,), True, 0)
     >>> bool(jnp.isclose(res.sharpness, res.per_batch.mean()))
     True
-    >>> res = mg.adaptive_sharpness(loss, {"w": jnp.ones(3)}, batches, 0.1, key=jax.random.PRNGKey(0),
+    >>> res = mg.adaptive_sharpness(loss, {"w": jnp.ones(3)}, batches, 0.1, key=key,
     ...                             n_iter=5, return_perturbation=True)
     >>> res.perturbation["w"].shape  # one maximizing perturbation per batch
     (2, 3)
