@@ -249,8 +249,7 @@ def hutchinson_diagonal(
     Z = jax.random.rademacher(key, (num_probes, d), dtype=dtype)
     values = Z * source.block_mv(Z)
     check_finite(values, f"The {source.name} products", hint="The loss is not twice differentiable here, or overflowed.")
-    mean = jnp.mean(values, axis=0)
-    se = jnp.std(values, axis=0, ddof=1) / np.sqrt(num_probes) if num_probes > 1 else jnp.full_like(mean, jnp.inf)
+    mean, se = mean_and_standard_error(values, axis=0)
     unravel = ravel(params)[1]
     if return_info:
         ok = jnp.all(jnp.isfinite(values))
