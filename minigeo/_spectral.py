@@ -120,6 +120,12 @@ def check_num_probes(num_probes: Any, who: str) -> None:
         raise GeometryError(f"{who}: num_probes must be a positive int, got {num_probes!r}.")
 
 
+def _check_batched(batched: Any, who: str) -> None:
+    """``batched`` says how per-probe products run: ``"vmap"`` (all at once) or ``"map"`` (one at a time)."""
+    if batched not in ("vmap", "map"):
+        raise GeometryError(f"{who}: batched must be 'vmap' or 'map', got {batched!r}.")
+
+
 # ---------------------------------------------------------------------------
 # Hutchinson
 # ---------------------------------------------------------------------------
@@ -140,8 +146,7 @@ def hutchinson_trace(
     .. math:: \mathrm{tr}(G^{-1}M) = \mathbb E_z\big[(G^{-1}z)^\top M z\big].
     """
     check_num_probes(num_probes, who)
-    if batched not in ("vmap", "map"):
-        raise GeometryError(f"{who}: batched must be 'vmap' or 'map', got {batched!r}.")
+    _check_batched(batched, who)
     params = source.params
     metric = metric_field(metric, who)
     apply_inverse = _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter, a diagonal metric
@@ -189,8 +194,7 @@ def hutchpp_trace(
     check_num_probes(num_products, who)
     if num_products < 3:
         raise GeometryError(f"{who}: hutch++ needs a budget of at least 3 products, got {num_products}.")
-    if batched not in ("vmap", "map"):
-        raise GeometryError(f"{who}: batched must be 'vmap' or 'map', got {batched!r}.")
+    _check_batched(batched, who)
     params = source.params
     d = tree_size(params)
     dtype = ravel(params)[0].dtype
