@@ -35,11 +35,22 @@ def rademacher_like(key: jax.Array, params: PyTree, num: int) -> PyTree:
     return jax.tree_util.tree_unflatten(treedef, probes)
 
 
-def mean_and_standard_error(values: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """The mean of per-probe ``values`` and its standard error ``std(ddof=1) / sqrt(n)`` (inf for one probe)."""
-    n = values.shape[0]
-    se = jnp.std(values, ddof=1) / jnp.sqrt(n) if n > 1 else jnp.asarray(jnp.inf, values.dtype)
-    return jnp.mean(values), se
+def mean_and_standard_error(values: jax.Array, axis: int = 0) -> tuple[jax.Array, jax.Array]:
+    """The mean of per-probe ``values`` over ``axis`` and its standard error ``std(ddof=1) / sqrt(n)``.
+
+    ``n`` is the number of probes, ``values.shape[axis]``; for one probe the error is inf.  Per-probe
+    scalars ``(n,)`` give two scalars; per-probe vectors ``(n, d)`` give one mean and error per entry.
+
+    >>> import jax.numpy as jnp
+    >>> values = jnp.asarray([[1.0, 5.0], [3.0, 5.0]])  # two probes of two entries
+    >>> mean, se = mean_and_standard_error(values)
+    >>> mean.tolist(), jnp.round(se, 6).tolist()
+    ([2.0, 5.0], [1.0, 0.0])
+    """
+    n = values.shape[axis]
+    mean = jnp.mean(values, axis=axis)
+    se = jnp.std(values, axis=axis, ddof=1) / jnp.sqrt(n) if n > 1 else jnp.full_like(mean, jnp.inf)
+    return mean, se
 
 
 def slq_breakdown_tol(dim: int, dtype) -> float:

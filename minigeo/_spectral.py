@@ -121,6 +121,12 @@ def check_num_probes(num_probes: Any, who: str) -> None:
         raise GeometryError(f"{who}: num_probes must be a positive int, got {num_probes!r}.")
 
 
+def _check_batched(batched: Any, who: str) -> None:
+    """``batched`` says how per-probe products run: ``"vmap"`` (all at once) or ``"map"`` (one at a time)."""
+    if batched not in ("vmap", "map"):
+        raise GeometryError(f"{who}: batched must be 'vmap' or 'map', got {batched!r}.")
+
+
 # ---------------------------------------------------------------------------
 # Hutchinson
 # ---------------------------------------------------------------------------
@@ -141,8 +147,7 @@ def hutchinson_trace(
     .. math:: \mathrm{tr}(G^{-1}M) = \mathbb E_z\big[(G^{-1}z)^\top M z\big].
     """
     check_num_probes(num_probes, who)
-    if batched not in ("vmap", "map"):
-        raise GeometryError(f"{who}: batched must be 'vmap' or 'map', got {batched!r}.")
+    _check_batched(batched, who)
     params = source.params
     metric = metric_field(metric, who)
     apply_inverse = _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter, a diagonal metric
@@ -190,8 +195,7 @@ def hutchpp_trace(
     check_num_probes(num_products, who)
     if num_products < 3:
         raise GeometryError(f"{who}: hutch++ needs a budget of at least 3 products, got {num_products}.")
-    if batched not in ("vmap", "map"):
-        raise GeometryError(f"{who}: batched must be 'vmap' or 'map', got {batched!r}.")
+    _check_batched(batched, who)
     params = source.params
     d = tree_size(params)
     dtype = ravel(params)[0].dtype
@@ -250,8 +254,7 @@ def hutchinson_diagonal(
     Z = jax.random.rademacher(key, (num_probes, d), dtype=dtype)
     values = Z * source.block_mv(Z)
     check_finite(values, f"The {source.name} products", hint="The loss is not twice differentiable here, or overflowed.")
-    mean = jnp.mean(values, axis=0)
-    se = jnp.std(values, axis=0, ddof=1) / np.sqrt(num_probes) if num_probes > 1 else jnp.full_like(mean, jnp.inf)
+    mean, se = mean_and_standard_error(values, axis=0)
     unravel = ravel(params)[1]
     if return_info:
         ok = jnp.all(jnp.isfinite(values))
@@ -635,12 +638,15 @@ def slq_density(
     restart_key = jax.random.fold_in(key, 1)
     options = dict(tol=tol, maxiter=maxiter)
 
-    def host_runs(block_mv, ginv_block, starts):
-        runs = []
-        for i in range(starts.shape[0]):
-            run = ResumableBlockLanczos(block_mv, ginv_block, starts[i : i + 1], key=restart_key)
-            runs.append(run.projected(m, steps=source.steps) if source.steps is not None else run.projected(m))
-        return jnp.stack([r[0] for r in runs]), jnp.stack([r[1] for r in runs])
+    def device_run(compiled):  # one probe's m products as one device program (source.fixed)
+        return lambda start: source.fixed(metric, start, restart_key, m, compiled, **options)
+
+    def host_run(block_mv, ginv_block):  # one probe's Krylov basis in host memory, block by block
+        def run(start):
+            lanczos = ResumableBlockLanczos(block_mv, ginv_block, start, key=restart_key)
+            return lanczos.projected(m, steps=source.steps) if source.steps is not None else lanczos.projected(m)
+
+        return run
 
     if eager and metric is not None and metric.matrix_fn is not None:
         # a dense metric, factored G = L L^T: Lanczos of L^-1 M L^-T in the Euclidean product is Lanczos of
@@ -650,7 +656,7 @@ def slq_density(
         upper = lambda U: jsl.solve_triangular(L.T, U.T, lower=False).T  # rows L^-T u
         starts = xi if probes is None else lower(Z)
         norm2 = jnp.sum(starts * starts, axis=1)  # z^T G^-1 z = |L^-1 z|^2 (= xi^T xi = d)
-        T, alive = host_runs(lambda U: lower(source.block_mv(upper(U))), None, starts)
+        T, alive = _per_probe(host_run(lambda U: lower(source.block_mv(upper(U))), None), starts)
     else:
         if probes is None:
             Z = _metric_square_root_rows(metric, params, xi, who)
@@ -660,13 +666,13 @@ def slq_density(
         else:
             norm2 = jnp.sum(Z * jax.vmap(lambda z: _flat_inverse(params, metric, z, tol, maxiter))(Z), axis=1)
         cg_metric = metric is not None and metric.diagonal_fn is None
-        if source.fixed is not None and not eager:
-            T, alive, _ = jax.vmap(lambda z: source.fixed(metric, z[None], restart_key, m, False, **options))(Z)
+        if source.fixed is not None and not eager:  # traced (under jit): every probe in one program
+            T, alive = _per_probe(device_run(False), Z, vmapped=True)
         elif source.fixed is not None and not cg_metric:
-            runs = [source.fixed(metric, Z[i : i + 1], restart_key, m, _compilable(metric), **options) for i in range(Z.shape[0])]
-            T, alive = jnp.stack([r[0] for r in runs]), jnp.stack([r[1] for r in runs])
+            T, alive = _per_probe(device_run(_compilable(metric)), Z)
         else:  # on the host: a pass over a dataset, or a metric solved by CG (each block's solves checked)
-            T, alive = host_runs(source.block_mv, _checked_inverse_block(metric, params, tol, maxiter, who), Z)
+            ginv_block = _checked_inverse_block(metric, params, tol, maxiter, who)
+            T, alive = _per_probe(host_run(source.block_mv, ginv_block), Z)
     P = T.shape[0]
     nodes, weights = jax.vmap(lambda t, a, n: _quadrature(t, a, n, d))(T, alive, norm2)
     check_finite(nodes, f"The {source.name} products", hint=_CG_HINT)
@@ -676,6 +682,20 @@ def slq_density(
         ok = jnp.all(jnp.isfinite(nodes)) & jnp.all(jnp.isfinite(norm2))
         return result, EstimateInfo(jnp.where(ok, Status.OK, Status.NON_FINITE).astype(jnp.int32), P * m)
     return result
+
+
+def _per_probe(
+    run: Callable[[jax.Array], tuple[jax.Array, ...]], starts: jax.Array, *, vmapped: bool = False
+) -> tuple[jax.Array, jax.Array]:
+    """``(T, alive)`` of ``run(start)`` for each row of ``starts`` as a ``(1, d)`` start block, stacked on axis 0.
+
+    ``run`` returns ``(T, alive, ...)`` as :func:`block_lanczos` does; ``vmapped``: under ``jax.vmap``
+    (one traced program for every probe), else one run after another.
+    """
+    if vmapped:
+        return jax.vmap(lambda z: run(z[None])[:2])(starts)
+    runs = [run(starts[i : i + 1]) for i in range(starts.shape[0])]
+    return jnp.stack([r[0] for r in runs]), jnp.stack([r[1] for r in runs])
 
 
 def _flat_probes(probes: Any, params: PyTree, who: str) -> jax.Array:

@@ -207,6 +207,74 @@ def test_one_operator_gives_consistent_answers_after_a_global_changes():
 
 
 # ---------------------------------------------------------------------------
+# the spectral estimators: a notebook global, rebound between two calls
+# ---------------------------------------------------------------------------
+_NB_A = None  # a notebook cell's global matrix, read by the loss below at every call
+
+
+def _nb_loss(p):
+    """The user's loss, defined once: H(p) = _NB_A + diag(p)."""
+    return 0.5 * p @ _NB_A @ p + jnp.sum(p**3) / 6
+
+
+@pytest.fixture
+def notebook_global():
+    """``set(A)`` rebinds the global ``_NB_A`` (a notebook re-running a cell); reset afterwards."""
+
+    def set_global(A):
+        global _NB_A
+        _NB_A = jnp.asarray(A)
+
+    yield set_global
+    set_global(np.zeros((4, 4)))
+
+
+_NB_P = [1.0, 2.0, -1.0, 0.5]
+# diagonal: Rademacher probes give exact diagonals and moments; distinct eigenvalues of A + diag(p)
+_NB_DIAGONALS = [np.diag([1.0, 2.0, 4.0, 8.0]), np.diag([10.0, -3.0, 7.0, 0.5])]
+
+
+def test_spectral_density_follows_a_rebound_global(notebook_global):
+    f = lambda p: _nb_loss(p)
+    p = jnp.asarray(_NB_P)
+    key = jax.random.PRNGKey(0)
+    for A in _NB_DIAGONALS:
+        notebook_global(A)
+        dens = mg.spectral_density(f, p, key, num_probes=2, num_iterations=4)
+        H = np.asarray(jax.hessian(f)(p))  # dense truth, fresh
+        for k in (1, 2, 3):
+            truth = np.trace(np.linalg.matrix_power(H, k)) / 4
+            np.testing.assert_allclose(float(dens.moments(k)[0]), truth, rtol=1e-10, atol=1e-12)
+        # 4 steps in dimension 4: the nodes are the eigenvalues
+        np.testing.assert_allclose(np.sort(np.asarray(dens.nodes), axis=1), np.tile(np.linalg.eigvalsh(H), (2, 1)), atol=1e-9)
+
+
+def test_diagonal_estimate_follows_a_rebound_global(notebook_global):
+    f = lambda p: _nb_loss(p)
+    p = jnp.asarray(_NB_P)
+    key = jax.random.PRNGKey(1)
+    for A in _NB_DIAGONALS:
+        notebook_global(A)
+        diag, se = mg.diagonal_estimate(f, p, key, num_probes=3)
+        np.testing.assert_allclose(np.asarray(diag), np.diag(np.asarray(jax.hessian(f)(p))), rtol=1e-12)
+        assert float(jnp.max(se)) < 1e-12
+
+
+def test_hutchpp_trace_follows_a_rebound_global(notebook_global):
+    """A budget of 3d products sketches all of R^d: Hutch++ is exact, for any symmetric H."""
+    f = lambda p: _nb_loss(p)
+    p = jnp.asarray(_NB_P)
+    key = jax.random.PRNGKey(2)
+    r = np.random.default_rng(0)
+    for scale in (1.0, 10.0):
+        B = r.normal(size=(4, 4))
+        notebook_global(scale * (B + B.T))
+        est, se = mg.trace_estimate(f, p, key, num_probes=12, method="hutch++")
+        H = np.asarray(jax.hessian(f)(p))
+        np.testing.assert_allclose(float(est), np.trace(H), rtol=1e-10, atol=1e-10 * np.abs(H).max())
+
+
+# ---------------------------------------------------------------------------
 # nothing kept alive; one compilation across per-step closures
 # ---------------------------------------------------------------------------
 def _mlp_problem(seed=0, n=16, d=6, h=5, c=3):

@@ -51,13 +51,22 @@ def test_hutchpp_is_unbiased_with_a_metric_and_its_error_is_calibrated(dtype):
     assert np.median(ses) / ests.std(ddof=1) < 3 and ests.std(ddof=1) / np.median(ses) < 3
 
 
-def test_hutchpp_exact_when_the_sketch_spans_the_range():
-    """Rank 2 Hessian, sketch of 2: the deflated remainder is zero, the estimate exact."""
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_hutchpp_exact_when_the_sketch_spans_the_range(dtype):
+    """Rank 2 Hessian, sketch of 2: the deflated remainder is zero, the estimate exact to rounding.
+
+    Rounding: the sketch's orthonormal basis carries a relative error of about eps * cond(U)^2
+    (the condition number of A S on its range), the trace and the remainder's scale is |U|_F^2.
+    """
     r = rng(3)
-    U = jnp.asarray(r.normal(size=(10, 2)))
+    U = jnp.asarray(r.normal(size=(10, 2)), dtype)
+    U64 = np.asarray(U, np.float64)  # the truth from the same (rounded) entries
     f = lambda x: 0.5 * jnp.sum((U.T @ x) ** 2)
-    est, se = mg.trace_estimate(f, jnp.zeros(10), jax.random.PRNGKey(0), num_probes=7, method="hutch++")
-    assert abs(float(est) - float(jnp.sum(U**2))) < 1e-10 and float(se) < 1e-10
+    est, se = mg.trace_estimate(f, jnp.zeros(10, dtype), jax.random.PRNGKey(0), num_probes=7, method="hutch++")
+    assert est.dtype == dtype
+    truth = np.sum(U64**2)
+    tol = 10 * float(jnp.finfo(dtype).eps) * np.linalg.cond(U64) ** 2 * truth
+    assert abs(float(est) - truth) < tol and float(se) < tol, (float(est) - truth, float(se), tol)
 
 
 def test_hutchpp_under_jit_and_over_a_dataset():
@@ -107,32 +116,40 @@ def test_diagonal_over_a_dataset_equals_the_function_and_pytrees_round_trip():
     assert jax.tree_util.tree_structure(fn) == jax.tree_util.tree_structure(params)
 
 
-def test_restrict_equals_the_dense_sub_block_and_every_method_works_on_it():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_restrict_equals_the_dense_sub_block_and_every_method_works_on_it(dtype):
     r = rng(9)
-    X = jnp.asarray(r.normal(size=(20, 3)))
-    params = {"l1": {"w": jnp.asarray(r.normal(size=(3, 4))), "b": jnp.asarray(r.normal(size=4))},
-              "l2": {"w": jnp.asarray(r.normal(size=(4, 2)))}}
+    X = jnp.asarray(r.normal(size=(20, 3)), dtype)
+    params = {"l1": {"w": jnp.asarray(r.normal(size=(3, 4)), dtype), "b": jnp.asarray(r.normal(size=4), dtype)},
+              "l2": {"w": jnp.asarray(r.normal(size=(4, 2)), dtype)}}
     loss = lambda p, x: jnp.mean(jnp.sum(jnp.tanh(jnp.tanh(x @ p["l1"]["w"] + p["l1"]["b"]) @ p["l2"]["w"]) ** 2, axis=1))
-    flat, unravel = jax.flatten_util.ravel_pytree(params)
-    Hfull = np.asarray(jax.hessian(lambda v: loss(unravel(v), X))(flat))
+    # the truth: jax.hessian in float64 at the same (rounded) point and data
+    as64 = lambda t: jax.tree_util.tree_map(lambda a: jnp.asarray(a, jnp.float64), t)
+    X64 = as64(X)
+    flat, unravel = jax.flatten_util.ravel_pytree(as64(params))
+    Hfull = np.asarray(jax.hessian(lambda v: loss(unravel(v), X64))(flat))
     # indices of l1/w in the flat vector (ravel_pytree order: l1/b, l1/w, l2/w)
     sl = slice(4, 16)
+    # Hessian-vector products through two tanh layers: no cancellation, a relative error of a few eps
+    tol = 100 * float(jnp.finfo(dtype).eps) * np.abs(Hfull[sl, sl]).max()
     H = mg.hessian_operator(loss, params)
     sub = H.restrict([("l1", "w")])
     d = 12
-    dense = np.stack([np.asarray(jax.flatten_util.ravel_pytree(sub.dataset_mv(jax.tree_util.tree_map(lambda a: a, unravel_e), [X]))[0])
-                      for unravel_e in [{("l1", "w"): jnp.eye(d)[i].reshape(3, 4)} for i in range(d)]])
-    np.testing.assert_allclose(dense, Hfull[sl, sl], atol=1e-12)
-    top = sub.top_eigenvalues(jax.random.PRNGKey(0), [X], k=2)
+    basis = [{("l1", "w"): jnp.eye(d, dtype=dtype)[i].reshape(3, 4)} for i in range(d)]
+    columns = [sub.dataset_mv(e, [X]) for e in basis]
+    assert all(c[("l1", "w")].dtype == dtype for c in columns)
+    dense = np.stack([np.asarray(jax.flatten_util.ravel_pytree(c)[0], np.float64) for c in columns])
+    np.testing.assert_allclose(dense, Hfull[sl, sl], atol=tol)
+    top = sub.top_eigenvalues(jax.random.PRNGKey(0), [X], k=2)  # certified to the default rtol=1e-2
     np.testing.assert_allclose(np.asarray(top), np.sort(np.linalg.eigvalsh(Hfull[sl, sl]))[::-1][:2], rtol=1e-2)
     dens = sub.spectral_density(jax.random.PRNGKey(1), [X], num_probes=2, num_iterations=d)
     assert abs(float(dens.moments(1)[0]) - np.trace(Hfull[sl, sl]) / d) < 0.5 * np.abs(np.diag(Hfull[sl, sl])).max()
     # at other parameters: only the kept leaves move
     moved = sub.at({("l1", "w"): 2 * params["l1"]["w"]})
     p2 = {"l1": {"w": 2 * params["l1"]["w"], "b": params["l1"]["b"]}, "l2": params["l2"]}
-    H2 = np.asarray(jax.hessian(lambda v: loss(unravel(v), X))(jax.flatten_util.ravel_pytree(p2)[0]))[sl, sl]
-    e0 = {("l1", "w"): jnp.eye(d)[0].reshape(3, 4)}
-    np.testing.assert_allclose(np.asarray(moved.dataset_mv(e0, [X])[("l1", "w")]).ravel(), H2[:, 0], atol=1e-12)
+    H2 = np.asarray(jax.hessian(lambda v: loss(unravel(v), X64))(jax.flatten_util.ravel_pytree(as64(p2))[0]))[sl, sl]
+    np.testing.assert_allclose(np.asarray(moved.dataset_mv(basis[0], [X])[("l1", "w")], np.float64).ravel(), H2[:, 0],
+                               atol=100 * float(jnp.finfo(dtype).eps) * np.abs(H2).max())
     with pytest.raises(mg.GeometryError, match="no leaf at"):
         H.restrict([("l3", "w")])
 
