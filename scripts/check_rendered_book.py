@@ -72,22 +72,21 @@ CHROMIUM_FLAGS = [
 RAW_MATH = re.compile(r"\$\$|\\\(|\\\)|\\\[|\\\]")
 
 # Layout limits (issue 37), per page, measured at WIDE (and the page scroll at PHONE).
-# None: measured and reported, not enforced yet.  Chapters 1-5, the cheat sheet, the intro and
-# lecturers pages and every API page are reformatted (code cells at most 96 characters, the code
-# column's width printed in the table below; docstring examples at most 88 characters in methods and
-# 92 in functions, the columns of the API pages; long display equations broken; no figure shrunk
-# more than 1.5x); these categories become enforced (0) when chapters 6-7 follow.  The others are
-# at zero on every page and fail the check.
-MAX_CODE_CELLS_OVERFLOWING: int | None = None  # chapters 6-7
+# None: measured and reported, not enforced.  Every page is reformatted (code cells at most 96
+# characters, the code column's width printed in the table below; docstring examples at most 88
+# characters in methods and 92 in functions, the columns of the API pages; long display equations
+# broken; no figure shrunk more than 1.5x; figure text at least 9 px), and every category is
+# enforced: a page over a limit fails the check.
+MAX_CODE_CELLS_OVERFLOWING: int | None = 0
 MAX_OUTPUTS_OVERFLOWING: int | None = 0  # printed output wraps (book/_static/layout.css)
 MAX_OTHER_CODE_BLOCKS_OVERFLOWING: int | None = 0  # code blocks outside cells, API examples among them
-MAX_EQUATIONS_OVERFLOWING: int | None = None  # one in chapter 6
+MAX_EQUATIONS_OVERFLOWING: int | None = 0
 MAX_EQUATIONS_CLIPPED: int | None = 0  # a wide equation must at least scroll inside its own box
 MAX_IMAGE_SHRINK = 1.5  # natural width / displayed width above which a figure counts as shrunk
-MAX_FIGURES_SHRUNK: int | None = None  # chapters 6-7 still have figures shrunk more than 1.5x
-MAX_IMAGE_SHRINK_NOW = 2.0  # enforced meanwhile: no figure shown at less than half its size
+MAX_FIGURES_SHRUNK: int | None = 0
+MAX_IMAGE_SHRINK_NOW = 2.0  # kept as a second, coarser line: no figure shown at less than half its size
 MAX_FIGURES_SHRUNK_NOW: int | None = 0
-MIN_FIGURE_FONT_PX: float | None = None  # target 9 px (estimated size of a figure's text on screen)
+MIN_FIGURE_FONT_PX: float | None = 9.0  # estimated size of a figure's text on screen
 FIGURE_FONT_PT = 10  # matplotlib's default font size (tick labels, legends), for that estimate
 MAX_DARK_FIGURES_UNREADABLE: int | None = 0
 MIN_DARK_FIGURE_LUMINANCE = 0.9  # the colour behind a figure in dark mode: (near) white for black text
