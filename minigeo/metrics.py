@@ -22,6 +22,10 @@ of the pullback family (12) of Kristiadi et al. 2023 transform correctly under
 reparametrization by autodiff alone: evaluating them on ``model_fn ∘ φ⁻¹`` gives
 :math:`J^{-\top} G J^{-1}`.
 
+Exact diagonals, as references for the Hutchinson ``diagonal_estimate`` where the output
+dimension is small: :func:`ggn_diagonal`, :func:`fisher_diagonal` and
+:func:`empirical_fisher_diagonal` (one backward pass per example and output).
+
 Conventions: for :func:`fisher` and :func:`empirical_fisher` the model output is
 an array whose leading axis is the batch; ``reduction="mean"`` divides by the
 batch size (matching a mean loss), ``"sum"`` does not.
@@ -35,9 +39,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import GeometryError, split_batch
+from ._checks import GeometryError, as_float_point, check_finite, split_batch
+from ._compile import jit_per_callable
 from ._metric import Metric, as_metric, dense, diagonal, euclidean, metric_field
-from ._tree import PyTree
+from ._tree import PyTree, ravel
 
 __all__ = [
     "Metric",
@@ -49,6 +54,9 @@ __all__ = [
     "ggn",
     "fisher",
     "empirical_fisher",
+    "ggn_diagonal",
+    "fisher_diagonal",
+    "empirical_fisher_diagonal",
     "as_metric",
     "categorical_likelihood",
     "gaussian_likelihood",
@@ -220,6 +228,12 @@ class Likelihood(NamedTuple):
     nll: Callable[[jax.Array, jax.Array], jax.Array]
 
 
+def _categorical_fisher_mv(z: jax.Array, u: jax.Array) -> jax.Array:
+    """``(diag(p) - p p^T) u`` per example, ``p = softmax(z)`` (:func:`fisher_diagonal` knows it)."""
+    p = jax.nn.softmax(z, axis=-1)
+    return p * u - p * jnp.sum(p * u, axis=-1, keepdims=True)
+
+
 def categorical_likelihood() -> Likelihood:
     r"""Softmax categorical likelihood on logits ``z`` of shape ``(N, C)``; targets are integer labels.
 
@@ -246,10 +260,6 @@ def categorical_likelihood() -> Likelihood:
     exponential family, such as logits, :math:`F_z = H_z`). Chapter 2.
     """
 
-    def fisher_mv(z: jax.Array, u: jax.Array) -> jax.Array:
-        p = jax.nn.softmax(z, axis=-1)
-        return p * u - p * jnp.sum(p * u, axis=-1, keepdims=True)
-
     def sample(key: jax.Array, z: jax.Array) -> jax.Array:
         return jax.random.categorical(key, z, axis=-1)
 
@@ -257,7 +267,7 @@ def categorical_likelihood() -> Likelihood:
         logp = jax.nn.log_softmax(z, axis=-1)
         return -jnp.take_along_axis(logp, t[..., None].astype(jnp.int32), axis=-1)[..., 0]
 
-    return Likelihood("categorical", fisher_mv, sample, nll)
+    return Likelihood("categorical", _categorical_fisher_mv, sample, nll)
 
 
 def gaussian_likelihood(sigma: float = 1.0) -> Likelihood:
@@ -500,3 +510,270 @@ def empirical_fisher(
         return transpose(_scale(reduction, n, "empirical_fisher") * proj * g)
 
     return Metric(mv, "empirical Fisher")
+
+
+# ---------------------------------------------------------------------------
+# exact diagonals: references for a small output dimension
+# ---------------------------------------------------------------------------
+def _point(params: PyTree) -> PyTree:
+    params = as_float_point(params, "params")
+    check_finite(params, "params")
+    return params
+
+
+# ``work(params)`` traced afresh at every eager call (never a stale value of what the model reads) and
+# compiled once per traced program, the data passed as arguments (as the metrics' products are)
+_compiled = jit_per_callable(lambda work, params: work(params))
+
+
+def _squares_of_rows(vjp: Callable, cotangents: PyTree, scale: Any) -> PyTree:
+    r"""``scale * sum_r (J^T w_r)**2`` over the rows ``w_r`` of ``cotangents``, one vjp each (vmap)."""
+    rows = jax.vmap(lambda w: vjp(w)[0])(cotangents)
+    return jax.tree_util.tree_map(lambda x: scale * jnp.sum(x * x, axis=0), rows)
+
+
+def _per_example_cotangents(rows: jax.Array, shape: tuple) -> jax.Array:
+    """``W[(n, r)]``: zero outputs except example ``n``'s, holding ``rows[n, r]`` (``rows``: ``(N, R, C)``)."""
+    n, r, c = rows.shape
+    eye = jnp.eye(n, dtype=rows.dtype)
+    return (eye[:, None, :, None] * rows[:, :, None, :]).reshape((n * r, *shape))
+
+
+def _fisher_factor(lik: Likelihood, z: jax.Array) -> jax.Array:
+    r"""``S``, ``(N, C, R)``, with :math:`F_{z_n} = S_n S_n^\top` (``C`` entries of one example's output)."""
+    n, c = z.shape[0], int(np.prod(z.shape[1:]))
+    if lik.fisher_mv is _categorical_fisher_mv and z.ndim == 2:  # closed form, no eigensolver
+        p = jax.nn.softmax(z, axis=-1)
+        s = jnp.sqrt(p)
+        return jax.vmap(jnp.diag)(s) - p[:, :, None] * s[:, None, :]  # diag(sqrt p) - p sqrt(p)^T
+    basis = jnp.eye(c, dtype=z.dtype)
+    cols = jax.vmap(lambda e: lik.fisher_mv(z, jnp.broadcast_to(e.reshape(z.shape[1:]), z.shape)))(basis)
+    blocks = jnp.moveaxis(cols.reshape(c, n, c), 0, -1)  # blocks[n, :, k] = F_n e_k
+    lam, q = jnp.linalg.eigh(0.5 * (blocks + jnp.swapaxes(blocks, 1, 2)))
+    return q * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]  # a PSD factor Q sqrt(Lambda)
+
+
+def ggn_diagonal(
+    model_fn: Callable[..., PyTree], loss_fn: Callable[..., jax.Array], params: PyTree, *, batch: Any = None
+) -> PyTree:
+    r"""The exact diagonal of the generalized Gauss-Newton matrix: a reference for few outputs.
+
+    .. math:: \mathrm{diag}\big(J^\top H_z J\big) = \sum_{k=1}^{K} (J^\top e_k) \odot (J^\top H_z e_k)
+
+    over the :math:`K` entries of the outputs of the whole batch, :math:`H_z = \nabla_z^2\,\ell(z)`
+    at :math:`z = f(\theta)`: the diagonal of :func:`ggn` with the same ``model_fn``, ``loss_fn`` and
+    ``batch``, at ``params`` (the arguments of :func:`~minigeo.ggn_operator`).  One vector-Jacobian
+    product per output entry (:math:`J^\top e_k`, ``vmap``-ed) and the dense :math:`K \times K`
+    output Hessian: the cost is :math:`K` = examples :math:`\times` outputs per example backward
+    passes, memory :math:`K \times d`.  Meant as a reference (for the Hutchinson estimates
+    :func:`~minigeo.diagonal_estimate` and ``ggn_operator(...).diagonal_estimate``) where the output
+    dimension and the batch are small.
+    Valid for any loss, also one that couples examples or is not convex (then entries may be
+    negative); pure and ``jit``-compatible.
+
+    Parameters
+    ----------
+    model_fn : callable
+        ``model_fn(params, inputs) -> outputs`` with ``batch``; ``params -> outputs`` without.
+    loss_fn : callable
+        ``loss_fn(outputs, targets) -> scalar`` with ``batch``; ``outputs -> scalar`` without.
+    params : pytree
+        The point :math:`\theta`.
+    batch : tuple, optional
+        ``(inputs, targets)``, as in :func:`ggn`.
+
+    Returns
+    -------
+    pytree
+        :math:`\mathrm{diag}(G(\theta))`, shaped like ``params``.
+
+    Raises
+    ------
+    GeometryError
+        If ``params`` is empty, integer or not finite, ``batch`` is not a pair, or ``loss_fn`` does not
+        return a scalar.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X = jnp.array([[1.0, 0.0], [1.0, 1.0]])
+    >>> loss = lambda z: 0.5 * jnp.sum(z**2)
+    >>> mg.ggn_diagonal(lambda w: X @ w, loss, jnp.zeros(2))  # diag(X^T X)
+    Array([2., 1.], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 2.1, eq. (3) (the GGN); its diagonal, exactly. Chapter 2.
+    """
+    params = _point(params)
+    f, loss = _on_batch(model_fn, loss_fn, batch, "ggn_diagonal")
+    return _compiled(lambda p: _ggn_diagonal(f, loss, p), params)
+
+
+def _ggn_diagonal(f: Callable, loss: Callable, params: PyTree) -> PyTree:
+    z, vjp = jax.vjp(f, params)
+    z_flat, unravel_z = ravel(z)
+    out = jax.eval_shape(lambda zf: loss(unravel_z(zf)), z_flat)
+    if getattr(out, "shape", None) != ():
+        raise GeometryError(
+            f"ggn_diagonal: loss_fn must return a scalar (the loss of the batch); got shape "
+            f"{getattr(out, 'shape', type(out).__name__)}. Reduce it (sum or mean) as for ggn."
+        )
+    hessian = jax.hessian(lambda zf: loss(unravel_z(zf)))(z_flat)  # (K, K)
+    basis = jnp.eye(z_flat.size, dtype=z_flat.dtype)
+    rows = jax.vmap(lambda e: ravel(vjp(unravel_z(e))[0])[0])(basis)  # rows[k] = J^T e_k
+    return ravel(params)[1](jnp.sum(rows * (hessian @ rows), axis=0))
+
+
+def fisher_diagonal(
+    model_fn: Callable[..., jax.Array],
+    params: PyTree,
+    likelihood: Union[str, Likelihood] = "categorical",
+    *,
+    batch: Any = None,
+    reduction: str = "mean",
+) -> PyTree:
+    r"""The exact diagonal of the Fisher information: a reference for few outputs.
+
+    .. math:: \mathrm{diag}\,F(\theta) = c\sum_n\sum_{r} \big(J_n^\top S_n e_r\big)^{\odot 2},
+        \qquad F_{z_n} = S_n S_n^\top,
+
+    :math:`c = 1/N` or :math:`1`, with the symmetric factor :math:`S = \mathrm{diag}(\sqrt p) - p\sqrt p^{\,\top}` of
+    :math:`\mathrm{diag}(p) - pp^\top` for ``"categorical"`` (closed form) and
+    :math:`Q\Lambda^{1/2}` from the eigendecomposition of the output Fisher otherwise
+    (:math:`I/\sigma` for ``"gaussian"``).  The metric of :func:`fisher` (exact, not Monte Carlo),
+    with the arguments of :func:`~minigeo.fisher_operator`.  One vector-Jacobian product per
+    example and output (``vmap``-ed): the cost is examples :math:`\times` outputs backward passes,
+    memory that many copies of ``params``; meant as a reference (for the Hutchinson estimate
+    ``fisher_operator(...).diagonal_estimate``) where the output dimension is small.  A sum of
+    squares, so never negative; pure and ``jit``-compatible.
+
+    Parameters
+    ----------
+    model_fn : callable
+        ``model_fn(params, inputs) -> z`` with ``batch``, ``params -> z`` without: outputs with a
+        leading batch axis (logits for ``"categorical"``, means for ``"gaussian"``).
+    params : pytree
+        The point :math:`\theta`.
+    likelihood : {"categorical", "gaussian"} or :class:`~minigeo.Likelihood`, optional
+        As in :func:`fisher`; a custom one must act example by example.
+    batch : tuple, optional
+        ``(inputs, targets)`` (the targets are not used), as in :func:`fisher`.
+    reduction : {"mean", "sum"}, optional
+        ``"mean"`` divides by the batch size (as :func:`fisher`), ``"sum"`` does not.
+
+    Returns
+    -------
+    pytree
+        :math:`\mathrm{diag}(F(\theta))`, shaped like ``params``.
+
+    Raises
+    ------
+    GeometryError
+        For an unknown likelihood or ``reduction``, ``params`` empty, integer or not finite, a
+        ``batch`` that is not a pair, outputs without a batch axis, or an empty batch.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> d = mg.fisher_diagonal(lambda w: w[None, :], jnp.zeros(2))
+    >>> d.round(6)  # p - p^2 at p = (1/2, 1/2)
+    Array([0.25, 0.25], dtype=float32)
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.4, eq. (12) (the Fisher); its diagonal, exactly. Chapter 2.
+    """
+    lik = _as_likelihood(likelihood)
+    params = _point(params)
+    f, _ = _on_batch(model_fn, None, batch, "fisher_diagonal")
+    _scale(reduction, 1, "fisher_diagonal")
+    return _compiled(lambda p: _fisher_diagonal(f, lik, reduction, p), params)
+
+
+def _fisher_diagonal(f: Callable, lik: Likelihood, reduction: str, params: PyTree) -> PyTree:
+    z, vjp = jax.vjp(f, params)
+    n = _batch_size(z, "fisher_diagonal")
+    scale = _scale(reduction, n, "fisher_diagonal")
+    factor = _fisher_factor(lik, z)  # (N, C, R)
+    cotangents = _per_example_cotangents(jnp.swapaxes(factor, 1, 2), z.shape)
+    return _squares_of_rows(vjp, cotangents, scale)
+
+
+def empirical_fisher_diagonal(
+    model_fn: Callable[..., jax.Array],
+    per_example_loss_fn: Callable[..., jax.Array],
+    params: PyTree,
+    *,
+    batch: Any = None,
+    reduction: str = "mean",
+) -> PyTree:
+    r"""The exact diagonal of the empirical Fisher: squared per-example gradients, summed or averaged.
+
+    .. math:: \mathrm{diag}\,\hat F(\theta) = c\sum_n \big(J_n^\top g_n\big)^{\odot 2}
+        = c\sum_n \big(\nabla_\theta \ell(z_n, y_n)\big)^{\odot 2},
+
+    :math:`g_n = \nabla_{z_n}\ell(z_n, y_n)`, :math:`c = 1/N` or :math:`1`.  The metric of :func:`empirical_fisher`, with the arguments of
+    :func:`~minigeo.empirical_fisher_operator`.  One vector-Jacobian product per example
+    (``vmap``-ed), memory one copy of ``params`` per example; pure and ``jit``-compatible.
+
+    Parameters
+    ----------
+    model_fn : callable
+        ``model_fn(params, inputs) -> z`` with ``batch``, ``params -> z`` without; a leading batch axis.
+    per_example_loss_fn : callable
+        ``per_example_loss_fn(z, targets) -> (N,)`` with ``batch``; ``z -> (N,)`` without.
+    params : pytree
+        The point :math:`\theta`.
+    batch : tuple, optional
+        ``(inputs, targets)``, as in :func:`empirical_fisher`.
+    reduction : {"mean", "sum"}, optional
+        ``"mean"`` (default, as :func:`empirical_fisher`) divides by :math:`N`.
+
+    Returns
+    -------
+    pytree
+        :math:`\mathrm{diag}(\hat F(\theta))`, shaped like ``params``.
+
+    Raises
+    ------
+    GeometryError
+        If ``params`` is empty, integer or not finite, ``batch`` is not a pair, the outputs have no
+        batch axis or the batch is empty, the losses are not of shape ``(N,)``, or ``reduction`` is
+        unknown.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X, y = jnp.array([[1.0], [2.0]]), jnp.array([1.0, 1.0])
+    >>> loss = lambda z: 0.5 * (z - y) ** 2
+    >>> mg.empirical_fisher_diagonal(lambda w: X @ w, loss, jnp.zeros(1))  # (1 + 4) / 2
+    Array([2.5], dtype=float32)
+
+    References
+    ----------
+    Grosse (2022), CSC2541 lecture 3 *Metrics* (empirical Fisher vs Fisher); Kunstner et al. (2019);
+    its diagonal, exactly. Chapter 2.
+    """
+    params = _point(params)
+    f, loss = _on_batch(model_fn, per_example_loss_fn, batch, "empirical_fisher_diagonal")
+    _scale(reduction, 1, "empirical_fisher_diagonal")
+    return _compiled(lambda p: _empirical_fisher_diagonal(f, loss, reduction, p), params)
+
+
+def _empirical_fisher_diagonal(f: Callable, loss: Callable, reduction: str, params: PyTree) -> PyTree:
+    z, vjp = jax.vjp(f, params)
+    n = _batch_size(z, "empirical_fisher_diagonal")
+    out = jax.eval_shape(loss, z)
+    if getattr(out, "shape", None) != (n,):
+        raise GeometryError(
+            f"empirical_fisher_diagonal: per_example_loss_fn must return one loss per example, shape ({n},); "
+            f"got {getattr(out, 'shape', type(out).__name__)}. Return the unreduced losses."
+        )
+    scale = _scale(reduction, n, "empirical_fisher_diagonal")
+    g = jax.grad(lambda zz: jnp.sum(loss(zz)))(z)
+    cotangents = _per_example_cotangents(g.reshape(n, 1, -1), z.shape)  # row n: g_n at example n
+    return _squares_of_rows(vjp, cotangents, scale)
