@@ -8,6 +8,7 @@ notebooks zero, both without a traceback, and the student notebooks must contain
 
 from __future__ import annotations
 
+import importlib
 import re
 import subprocess
 import sys
@@ -102,6 +103,14 @@ CASES = {
     ),
 }
 
+# Each further assignment keeps its cases in tests/assignment_cases_<name>.py, a module with a dict
+# CASES of the same form: {check name: (a correct answer, [(a wrong answer, words of its hint)])}.
+# At least two wrong answers per check, each a common mistake that the hint names.
+for _path in sorted(Path(__file__).parent.glob("assignment_cases_*.py")):
+    _extra = importlib.import_module(_path.stem).CASES
+    assert not set(_extra) & set(CASES), f"{_path.name} repeats a check"
+    CASES.update(_extra)
+
 
 def test_every_check_is_covered():
     assert set(CASES) == {n for n in A.__all__ if n.startswith("check_")}
@@ -148,7 +157,7 @@ def test_checks_pass_in_float32_notebooks_too():
 # ------------------------------------------------------------------------- notebooks
 
 
-def test_there_are_three_assignments_with_solutions():
+def test_every_assignment_has_a_solution_and_a_student_version():
     assert [p.name for p in SOLUTIONS] == sorted(p.name for p in KIT.glob("*.ipynb"))
     assert len(SOLUTIONS) >= 3
     chapters = {re.match(r"assignment_(\d\d)_", p.name).group(1) for p in SOLUTIONS}
