@@ -49,6 +49,18 @@ FLOORS: dict[str, float] = {
 PACKAGE_ORDER: dict[str, dict[str, int]] = {
     "sharpness": {"_spec": 0, "_blocks": 1, "_ascent": 2, "_drivers": 3, "__init__": 4},
     "models": {"vit": 0, "training": 0, "checkpoints": 1, "__init__": 2},
+    # one module per assignment, each on the shared machinery in _kit
+    "assignments": {
+        "_kit": 0,
+        "transformation_rules": 1,
+        "pullback_metrics": 1,
+        "natural_gradient": 1,
+        "hessian_endomorphism": 1,
+        "laplace_evidence": 1,
+        "horizontal_projection": 1,
+        "capstone": 1,
+        "__init__": 2,
+    },
 }
 
 #: Known exceptions to (a), each with its way out.  ``operators`` shares ``top_eigenvalues``'s certified
