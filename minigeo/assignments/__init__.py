@@ -33,6 +33,12 @@ from .horizontal_projection import (
     check_quotient_metric,
     check_vertical_vector,
 )
+from .natural_gradient import (
+    check_function_space_natural_gradient,
+    check_generalized_inverse,
+    check_reparametrized_mp_step,
+    check_span_projection,
+)
 from .transformation_rules import (
     check_natural_gradient_step,
     check_transform_covector,
@@ -44,6 +50,10 @@ __all__ = [
     "check_transform_vector",
     "check_transform_covector",
     "check_natural_gradient_step",
+    "check_function_space_natural_gradient",
+    "check_span_projection",
+    "check_generalized_inverse",
+    "check_reparametrized_mp_step",
     "check_hessian_endomorphism",
     "check_invariant_trace",
     "check_riemannian_hessian",
