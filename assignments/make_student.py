@@ -9,8 +9,10 @@ Every code cell of ``assignments/solutions/*.ipynb`` may contain blocks
 
 Each block is replaced by ``raise NotImplementedError("...")`` at the block's indentation (the
 message names the exercise, taken from the enclosing ``def``), and all outputs are cleared, so the
-student notebooks in ``assignments/`` carry no part of the answers.  Run it after editing a
-solution; the test suite fails when a student notebook is out of date.
+student notebooks in ``assignments/`` carry no part of the answers.  Both versions get the notebook
+metadata field ``minigeo_assignment`` = the solution's file name without ``.ipynb`` (written into the
+solution too when it lacks it), by which ``grade.py`` tells the assignments apart.  Run it after
+editing or adding a solution; the test suite fails when a student notebook is out of date.
 
 Usage:  python assignments/make_student.py [--check]
 """
@@ -26,6 +28,7 @@ import nbformat
 
 HERE = Path(__file__).resolve().parent
 BEGIN, END = "### BEGIN SOLUTION", "### END SOLUTION"
+METADATA_KEY = "minigeo_assignment"  # read by grade.py
 
 
 def strip_solutions(source: str) -> str:
@@ -56,8 +59,11 @@ def strip_solutions(source: str) -> str:
     return "\n".join(out)
 
 
-def student_version(solution: nbformat.NotebookNode) -> nbformat.NotebookNode:
+def student_version(solution: nbformat.NotebookNode, name: str | None = None) -> nbformat.NotebookNode:
+    """The student version of a solution notebook; ``name`` (the assignment's) is stamped into it."""
     nb = nbformat.from_dict(solution)
+    if name is not None:
+        nb.metadata[METADATA_KEY] = name
     for cell in nb.cells:
         if cell.cell_type == "code":
             cell.source = strip_solutions(cell.source)
@@ -78,7 +84,15 @@ def main() -> int:
     args = parser.parse_args()
     stale = []
     for path in sorted((HERE / "solutions").glob("*.ipynb")):
-        nb = student_version(nbformat.read(path, as_version=4))
+        solution = nbformat.read(path, as_version=4)
+        if solution.metadata.get(METADATA_KEY) != path.stem:  # stamp the solution with its name
+            if args.check:
+                stale.append(f"{path.name} (solution without metadata {METADATA_KEY!r})")
+            else:
+                solution.metadata[METADATA_KEY] = path.stem
+                path.write_text(nbformat.writes(solution) + "\n")
+                print(f"stamped {path.relative_to(HERE.parent)}")
+        nb = student_version(solution, path.stem)
         target = HERE / path.name
         text = nbformat.writes(nb) + "\n"
         if args.check:

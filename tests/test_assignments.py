@@ -8,10 +8,13 @@ notebooks zero, both without a traceback, and the student notebooks must contain
 
 from __future__ import annotations
 
+import csv
 import importlib
+import importlib.util
 import re
 import subprocess
 import sys
+from collections import defaultdict
 from pathlib import Path
 
 import jax
@@ -215,27 +218,143 @@ def test_blank_student_notebook_fails_cleanly(solution):
     assert re.search(r"\b0 of [1-9]\d* checks passed", out), out
 
 
-def test_grading_script_scores_a_solution_a_blank_and_a_broken_notebook(tmp_path):
-    sol = SOLUTIONS[0]
-    broken = nbformat.read(sol, as_version=4)
+# Deliberately wrong submissions: each solution with a typical mistake in one task, made here from
+# the solution notebook (so they never go stale). {assignment: (function, its solution line, the
+# mistake, the task that must fail, words its hint must contain)}.  The mistaken line must be in
+# the function's cell exactly once.
+WRONG_SUBMISSIONS = {
+    "assignment_01_transformation_rules": (
+        "transform_covector",
+        "return jnp.linalg.solve(J.T, omega)",
+        "return J @ omega",  # transforms the covector like a vector
+        "transform_covector",
+        "pairing omega(v)",
+    ),
+    "assignment_04_hessian_endomorphism": (
+        "hessian_endomorphism",
+        "return jnp.linalg.solve(G, H)",
+        "return H @ jnp.linalg.inv(G)",  # the wrong order
+        "hessian_endomorphism",
+        "the order matters",
+    ),
+    "assignment_06_horizontal_projection": (
+        "quotient_metric",
+        "P, Q = G.T @ G, H.T @ H",
+        "P, Q = jnp.eye(G.shape[1]), jnp.eye(H.shape[1])",  # the Euclidean metric instead of (15)
+        "quotient metric (15)",
+        "metric (15)",
+    ),
+}
+
+
+def _wrong_submission(solution: Path) -> nbformat.NotebookNode:
+    fn, right, wrong, _, _ = WRONG_SUBMISSIONS[solution.stem]
+    nb = nbformat.read(solution, as_version=4)
+    cells = [c for c in nb.cells if c.cell_type == "code" and f"def {fn}(" in c.source]
+    assert len(cells) == 1 and cells[0].source.count(right) == 1, f"{solution.name}: {right!r} not found"
+    cells[0].source = cells[0].source.replace(right, wrong)
+    return nb
+
+
+def _load_grade_module():
+    spec = importlib.util.spec_from_file_location("grade", KIT / "grade.py")
+    grade = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("grade", grade)  # for its dataclasses
+    spec.loader.exec_module(grade)
+    return grade
+
+
+def test_grade_all_solutions_blank_wrong_and_broken_submissions(tmp_path):
+    # one folder per "student": solution/, blank/ (the untouched student versions), wrong/, broken/
+    kinds = {"solution": {}, "blank": {}, "wrong": {}}
+    for sol in SOLUTIONS:
+        kinds["solution"][sol.stem] = nbformat.read(sol, as_version=4)
+        kinds["blank"][sol.stem] = nbformat.read(KIT / sol.name, as_version=4)
+        if sol.stem in WRONG_SUBMISSIONS:
+            kinds["wrong"][sol.stem] = _wrong_submission(sol)
+    broken = nbformat.read(SOLUTIONS[0], as_version=4)
     broken.cells.insert(3, nbformat.v4.new_code_cell("1 / 0"))
-    nbformat.write(broken, tmp_path / "broken.ipynb")
+    kinds["broken"] = {SOLUTIONS[0].stem: broken}
+    paths = []
+    for kind, notebooks in kinds.items():
+        (tmp_path / kind).mkdir()
+        for name, nb in notebooks.items():
+            nbformat.write(nb, tmp_path / kind / f"{name}.ipynb")
+            paths.append(tmp_path / kind / f"{name}.ipynb")
+    assert set(kinds["wrong"]) == set(WRONG_SUBMISSIONS)
     run = subprocess.run(
         [
             sys.executable,
             str(KIT / "grade.py"),
-            str(sol),
-            str(KIT / sol.name),
-            str(tmp_path / "broken.ipynb"),
+            *map(str, paths),
+            "--jobs",
+            "2",
+            "--csv",
+            str(tmp_path / "g.csv"),
         ],
         capture_output=True,
         text=True,
+        timeout=540,
     )
-    lines = run.stdout.strip().splitlines()
-    assert run.returncode == 1, run.stdout + run.stderr
-    assert re.search(r": (\d+) of \1 checks passed$", lines[0]), lines
-    assert re.search(r": 0 of \d+ checks passed$", lines[1]), lines
-    assert "stopped by an error: ZeroDivisionError" in lines[2], lines
+    assert run.returncode == 1, run.stdout + run.stderr  # the broken notebook could not be graded
+    lines = dict(line.split(": ", 1) for line in run.stdout.split("\n\n")[0].splitlines())
+    assert list(lines) == list(map(str, paths)), run.stdout  # one line each, in the order given
+    rows = defaultdict(list)
+    with open(tmp_path / "g.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            rows[row["student"], row["assignment"]].append(row)
+    for sol in SOLUTIONS:
+        name = sol.stem
+        full, blank = rows["solution", name], rows["blank", name]
+        assert full and all(r["points"] == "1" and not r["hint"] for r in full), full
+        assert re.fullmatch(
+            rf"{len(full)} of {len(full)} checks passed", lines[str(tmp_path / "solution" / sol.name)]
+        )
+        assert [r["task"] for r in blank] == [r["task"] for r in full]
+        assert all(r["points"] == "0" and "not implemented yet" in r["hint"] for r in blank), blank
+        assert lines[str(tmp_path / "blank" / sol.name)] == f"0 of {len(full)} checks passed"
+    for name, (_, _, _, task, hint) in WRONG_SUBMISSIONS.items():
+        wrong = {r["task"]: r for r in rows["wrong", name]}
+        assert wrong[task]["points"] == "0" and hint in wrong[task]["hint"], wrong[task]
+        assert all(r["points"] == "1" for t, r in wrong.items() if t != task), wrong
+        assert (
+            lines[str(tmp_path / "wrong" / f"{name}.ipynb")]
+            == f"{len(wrong) - 1} of {len(wrong)} checks passed"
+        )
+    assert lines[str(paths[-1])].startswith("stopped by an error: ZeroDivisionError"), lines
+    broken_rows = rows["broken", SOLUTIONS[0].stem]
+    assert broken_rows and all(r["points"] == "0" and "ZeroDivisionError" in r["hint"] for r in broken_rows)
+    # the summary: every assignment, each task with its share passed
+    text = run.stdout.split("\n\n", 1)[1]
+    for sol in SOLUTIONS:
+        assert f"{sol.stem}: " in text, text
+    assert "% passed" in text and "1 not graded" in text, text
+    assert "1x stopped by an error: ZeroDivisionError" in text, text
+    assert max(map(len, text.splitlines())) <= 80, text
+
+
+def test_grade_identifies_the_assignment_and_the_student_without_metadata(tmp_path):
+    grade = _load_grade_module()
+    assignments = grade.load_assignments(KIT / "solutions")
+    assert set(assignments) == {p.stem for p in SOLUTIONS}
+    for sol in SOLUTIONS:
+        name = sol.stem
+        a = assignments[name]
+        assert a.tasks and a.checks and a.chapter == name[len("assignment_") :][:2].lstrip("0"), a
+        nb = nbformat.read(KIT / sol.name, as_version=4)
+        assert nb.metadata["minigeo_assignment"] == name
+        assert grade.identify(nb, Path("hw.ipynb"), assignments) == name
+        del nb.metadata["minigeo_assignment"]  # e.g. lost in an upload: the checks it calls tell
+        assert grade.identify(nb, Path("hw.ipynb"), assignments) == name
+        nb.cells = nb.cells[:1]  # only the title cell is left
+        assert grade.identify(nb, Path("hw.ipynb"), assignments) == name
+        folder = Path("submissions/alice")
+        for path in [folder / f"{name}.ipynb", Path(f"x/alice_{name}.ipynb"), Path("x/alice.ipynb")]:
+            assert grade.student_name(path, name) == "alice", path
+        assert grade.student_name(folder / "hw.ipynb", name, "folder") == "alice"
+    # a verdict line is split after the whole task's name, even one that contains ": "
+    assert grade._split_verdict("FAIL a: b: the hint", ["a: b"]) == ("a: b", False, "the hint")
+    assert grade._split_verdict("PASS x: fine", []) == ("x", True, "fine")
 
 
 # ------------------------------------------------------------------ no silent wrong answers
