@@ -230,6 +230,13 @@ WRONG_SUBMISSIONS = {
         "transform_covector",
         "pairing omega(v)",
     ),
+    "assignment_03_natural_gradient": (
+        "function_space_natural_gradient",
+        "v = jnp.linalg.solve(g, dL)",
+        "v = dL",  # the covector dL used as the ambient gradient: the metric left out
+        "function_space_natural_gradient",
+        "left out the metric",
+    ),
     "assignment_04_hessian_endomorphism": (
         "hessian_endomorphism",
         "return jnp.linalg.solve(G, H)",
@@ -245,6 +252,10 @@ WRONG_SUBMISSIONS = {
         "metric (15)",
     ),
 }
+
+
+def test_every_assignment_has_a_wrong_submission():
+    assert set(WRONG_SUBMISSIONS) == {p.stem for p in SOLUTIONS}
 
 
 def _wrong_submission(solution: Path) -> nbformat.NotebookNode:
