@@ -33,6 +33,12 @@ from .horizontal_projection import (
     check_quotient_metric,
     check_vertical_vector,
 )
+from .pullback_metrics import (
+    check_categorical_fisher,
+    check_empirical_fisher,
+    check_ggn_vector_product,
+    check_natural_gradient_regression,
+)
 from .transformation_rules import (
     check_natural_gradient_step,
     check_transform_covector,
@@ -44,6 +50,10 @@ __all__ = [
     "check_transform_vector",
     "check_transform_covector",
     "check_natural_gradient_step",
+    "check_ggn_vector_product",
+    "check_categorical_fisher",
+    "check_empirical_fisher",
+    "check_natural_gradient_regression",
     "check_hessian_endomorphism",
     "check_invariant_trace",
     "check_riemannian_hessian",
