@@ -230,6 +230,13 @@ WRONG_SUBMISSIONS = {
         "transform_covector",
         "pairing omega(v)",
     ),
+    "assignment_02_pullback_metrics": (
+        "empirical_fisher",
+        "return U.T @ U / U.shape[0]",
+        "return U.T @ U",  # the sum over examples instead of the mean
+        "empirical_fisher",
+        "N times too large",
+    ),
     "assignment_03_natural_gradient": (
         "function_space_natural_gradient",
         "v = jnp.linalg.solve(g, dL)",
@@ -513,3 +520,24 @@ def test_grading_script_survives_a_cell_timeout_and_a_dead_kernel(tmp_path):
     assert "dead.ipynb: the kernel died" in lines[1], lines
     assert "garbage.ipynb: could not be read as a notebook" in lines[2], lines
     assert lines[3].endswith("ok.ipynb: 2 of 3 checks passed"), lines
+
+
+# ------------------------------------------------------------ assignment 2 (pullback metrics)
+
+
+def test_pullback_metrics_checks_accept_the_closed_form_and_reject_sampled_labels(capsys):
+    from assignment_cases_pullback_metrics import _fisher_closed_form, _scores
+
+    assert A.check_categorical_fisher(_fisher_closed_form).passed
+
+    def monte_carlo_fisher(model, params, labels):  # 200 sampled labels per example: close, not exact
+        S, z = _scores(model, params), model(params)
+        y = jax.random.categorical(jax.random.PRNGKey(0), z, axis=-1, shape=(200, *z.shape[:1]))
+        s = jnp.take_along_axis(S[None], y[:, :, None, None], axis=2)[:, :, 0]  # (200, N, d)
+        return jnp.einsum("kni,knj->ij", s, s) / (200 * z.shape[0])
+
+    report = A.check_categorical_fisher(monte_carlo_fisher)
+    assert not report.passed and "is off by" in report.message and "the labels are not used" in report.message
+    # the empirical-Fisher check teaches where the two differ: it reports both ranks
+    report = A.check_empirical_fisher(CASES["check_empirical_fisher"][0])
+    assert report.passed and "rank F_emp = 4 (<= N = 4) against rank F = 8" in report.message, report.message

@@ -39,6 +39,12 @@ from .natural_gradient import (
     check_reparametrized_mp_step,
     check_span_projection,
 )
+from .pullback_metrics import (
+    check_categorical_fisher,
+    check_empirical_fisher,
+    check_ggn_vector_product,
+    check_natural_gradient_regression,
+)
 from .transformation_rules import (
     check_natural_gradient_step,
     check_transform_covector,
@@ -50,6 +56,10 @@ __all__ = [
     "check_transform_vector",
     "check_transform_covector",
     "check_natural_gradient_step",
+    "check_ggn_vector_product",
+    "check_categorical_fisher",
+    "check_empirical_fisher",
+    "check_natural_gradient_regression",
     "check_function_space_natural_gradient",
     "check_span_projection",
     "check_generalized_inverse",
