@@ -48,7 +48,7 @@ class CheckReport(NamedTuple):
 
     References
     ----------
-    No formula from the source papers (the report of an assignment check). Chapters 1, 4 and 6.
+    No formula from the source papers (the report of an assignment check). Used by the assignments of every chapter.
     """
 
     task: str
