@@ -523,7 +523,8 @@ class LaplacePosterior(NamedTuple):
     --------
     >>> import jax, jax.numpy as jnp
     >>> import minigeo as mg
-    >>> post = mg.laplace_posterior(lambda t: 0.5 * jnp.sum(jnp.array([1.0, 4.0]) * t**2), jnp.zeros(2))
+    >>> L = lambda t: 0.5 * jnp.sum(jnp.array([1.0, 4.0]) * t**2)
+    >>> post = mg.laplace_posterior(L, jnp.zeros(2))
     >>> post.covariance()
     Array([[1.  , 0.  ],
            [0.  , 0.25]], dtype=float32)
@@ -605,7 +606,8 @@ def laplace_posterior(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> post = mg.laplace_posterior(lambda t: 0.5 * jnp.sum(t**2), jnp.ones(2), prior_precision=1.0)
+    >>> L = lambda t: 0.5 * jnp.sum(t**2)
+    >>> post = mg.laplace_posterior(L, jnp.ones(2), prior_precision=1.0)
     >>> post.marginal_variance().round(6)  # (1 + 1)^-1
     Array([0.5, 0.5], dtype=float32)
 
@@ -642,7 +644,8 @@ class GLMPredictive(NamedTuple):
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> post = mg.laplace_posterior(lambda w: 2.0 * jnp.sum(w**2), jnp.zeros(1))  # N(0, 1/4)
+    >>> L = lambda w: 2.0 * jnp.sum(w**2)
+    >>> post = mg.laplace_posterior(L, jnp.zeros(1))  # N(0, 1/4)
     >>> pred = mg.glm_predictive(lambda w, x: x * w, post, jnp.array([1.0, 2.0]))
     >>> pred.mean, pred.covariance  # x^2 / 4
     (Array([0., 0.], dtype=float32), Array([0.25, 1.  ], dtype=float32))
@@ -690,7 +693,8 @@ def glm_predictive(model_fn: Callable[[PyTree, Any], jax.Array], posterior: Lapl
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> post = mg.laplace_posterior(lambda w: 0.5 * jnp.sum(w**2), jnp.zeros(2))  # N(0, I)
+    >>> L = lambda w: 0.5 * jnp.sum(w**2)
+    >>> post = mg.laplace_posterior(L, jnp.zeros(2))  # N(0, I)
     >>> X = jnp.array([[1.0, 0.0], [1.0, 1.0]])
     >>> mg.glm_predictive(lambda w, x: x @ w, post, X).covariance  # |x|^2
     Array([1., 2.], dtype=float32)
@@ -740,7 +744,8 @@ class PriorPrecision(NamedTuple):
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> r = mg.optimize_prior_precision(lambda w: 0.5 * jnp.sum((w - 2.0) ** 2), jnp.ones(2))
+    >>> nll = lambda w: 0.5 * jnp.sum((w - 2.0) ** 2)
+    >>> r = mg.optimize_prior_precision(nll, jnp.ones(2))
     >>> int(r.status), int(r.num_iterations) > 1
     (0, True)
 
@@ -819,8 +824,8 @@ def optimize_prior_precision(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> nll = lambda w: 0.5 * jnp.sum((w - 2.0) ** 2)  # one observation of each weight, unit noise
-    >>> r = mg.optimize_prior_precision(nll, jnp.array([1.0, 1.0]))  # theta* of the joint at alpha=1
+    >>> nll = lambda w: 0.5 * jnp.sum((w - 2.0) ** 2)  # one observation per weight
+    >>> r = mg.optimize_prior_precision(nll, jnp.ones(2))  # the MAP at alpha = 1
     >>> # alpha = gamma / s = (2 / (1 + alpha)) / 2: the golden ratio's inverse
     >>> round(float(r.prior_precision), 5), round(float(r.effective_num_params), 5)
     (0.61803, 1.23607)

@@ -302,9 +302,12 @@ def check_categorical_fisher(
 ) -> CheckReport:
     r"""Check ``fn(model, params, labels)`` = the Fisher of a softmax classifier, as the covariance of the score.
 
-    .. math:: \mathbf{F} = \frac1N\sum_{n=1}^N \mathbb{E}_{y\sim p(\cdot\mid x_n)}\bigl[s_{n,y}s_{n,y}^\top\bigr]
-        = \frac1N\sum_n\sum_{c} p_{nc}\,s_{nc}s_{nc}^\top
-        = \frac1N\sum_n \mathbf{J}_n^\top\bigl(\mathrm{diag}(p_n) - p_np_n^\top\bigr)\mathbf{J}_n ,
+    .. math::
+        \begin{aligned}
+        \mathbf{F} &= \frac1N\sum_{n=1}^N \mathbb{E}_{y\sim p(\cdot\mid x_n)}\bigl[s_{n,y}s_{n,y}^\top\bigr]
+        = \frac1N\sum_n\sum_{c} p_{nc}\,s_{nc}s_{nc}^\top \\
+        &= \frac1N\sum_n \mathbf{J}_n^\top\bigl(\mathrm{diag}(p_n) - p_np_n^\top\bigr)\mathbf{J}_n ,
+        \end{aligned}
 
     with :math:`s_{nc} = \nabla_\theta\log p(c\mid x_n)`, :math:`p_n = \mathrm{softmax}(z_n)`.  ``model`` maps
     a flat parameter vector to logits of shape ``(N, C)``; ``labels`` (the training labels, shape
