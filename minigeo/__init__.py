@@ -38,7 +38,7 @@ reference's architecture page draws the map and ``tests/test_layering.py`` check
 * floor 4 :mod:`minigeo.models` (imported as ``minigeo.models``, names not re-exported
   here): a vision transformer with its symmetry specification, timm and OpenCLIP converters
   (``minigeo.models.checkpoints``), and training helpers (chapter 7).
-* floor 4 :mod:`minigeo.assignments` (imported as ``minigeo.assignments``, names not
+* floor 4.5 :mod:`minigeo.assignments` (imported as ``minigeo.assignments``, names not
   re-exported here): automatic checks for the assignment notebooks, one per chapter.
 * floor 4 :mod:`minigeo.operators`: curvature operators (Hessian, GGN, Fisher, empirical
   Fisher) over whole datasets, batch by batch: products, one-pass Hutchinson, Lanczos

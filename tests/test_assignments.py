@@ -251,6 +251,13 @@ WRONG_SUBMISSIONS = {
         "hessian_endomorphism",
         "the order matters",
     ),
+    "assignment_05_laplace_evidence": (
+        "log_density_in_chart",
+        "return log_q(theta) + jnp.linalg.slogdet(phi.inverse_jacobian(psi))[1]",
+        "return log_q(theta) - jnp.linalg.slogdet(phi.inverse_jacobian(psi))[1]",  # the sign
+        "change_of_variables",
+        "wrong sign",
+    ),
     "assignment_06_horizontal_projection": (
         "quotient_metric",
         "P, Q = G.T @ G, H.T @ H",

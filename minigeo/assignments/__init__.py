@@ -33,6 +33,12 @@ from .horizontal_projection import (
     check_quotient_metric,
     check_vertical_vector,
 )
+from .laplace_evidence import (
+    check_change_of_variables,
+    check_invariant_laplace_evidence,
+    check_invariant_map,
+    check_laplace_log_evidence,
+)
 from .natural_gradient import (
     check_function_space_natural_gradient,
     check_generalized_inverse,
@@ -67,6 +73,10 @@ __all__ = [
     "check_hessian_endomorphism",
     "check_invariant_trace",
     "check_riemannian_hessian",
+    "check_change_of_variables",
+    "check_invariant_map",
+    "check_laplace_log_evidence",
+    "check_invariant_laplace_evidence",
     "check_vertical_vector",
     "check_quotient_metric",
     "check_horizontal_projection",
