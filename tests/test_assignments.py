@@ -265,6 +265,13 @@ WRONG_SUBMISSIONS = {
         "quotient metric (15)",
         "metric (15)",
     ),
+    "assignment_07_capstone": (
+        "move_heads",
+        'a["b_q"] = jnp.einsum("lhe,lhef->lhf", a["b_q"], inv(A_qk))  # the row b_q^T A^-1',
+        'a["b_q"] = a["b_q"]',  # the query bias left out of the move
+        "move_heads",
+        "forgot the query bias",
+    ),
 }
 
 
@@ -548,3 +555,14 @@ def test_pullback_metrics_checks_accept_the_closed_form_and_reject_sampled_label
     # the empirical-Fisher check teaches where the two differ: it reports both ranks
     report = A.check_empirical_fisher(CASES["check_empirical_fisher"][0])
     assert report.passed and "rank F_emp = 4 (<= N = 4) against rank F = 8" in report.message, report.message
+
+
+# ------------------------------------------------------------------- assignment 7 (capstone)
+
+
+def test_move_heads_accepts_b_k_left_alone():
+    # the network does not depend on the key bias: b_k unchanged is as right as b_k -> A b_k
+    from assignment_cases_capstone import _move_bk_fixed
+
+    report = A.check_move_heads(_move_bk_fixed)
+    assert report.passed, report.message

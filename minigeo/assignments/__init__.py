@@ -23,6 +23,12 @@ explains how to adapt them.
 from __future__ import annotations
 
 from ._kit import CheckReport
+from .capstone import (
+    check_kendall_tau,
+    check_kendall_tau_bootstrap,
+    check_move_heads,
+    check_sharpness_pair,
+)
 from .hessian_endomorphism import (
     check_hessian_endomorphism,
     check_invariant_trace,
@@ -80,6 +86,10 @@ __all__ = [
     "check_vertical_vector",
     "check_quotient_metric",
     "check_horizontal_projection",
+    "check_move_heads",
+    "check_sharpness_pair",
+    "check_kendall_tau",
+    "check_kendall_tau_bootstrap",
 ]
 
 #: Default time limit of one ``check_*`` call, in seconds (the correct answers take a few seconds,
