@@ -281,7 +281,7 @@ def check_sharpness_pair(
 
     both with the ViT's spec ``mm.vit_symmetry_spec(params)`` (which holds the redundant key bias
     :math:`b_k` fixed), as in chapter 7.  On a random float64 model made of one attention block of
-    the tiny ViT (:func:`attention_model`: 2 heads of dimension 4, every bias nonzero, a linear head;
+    the tiny ViT (``minigeo.assignments.capstone.attention_model``: 2 heads of dimension 4, every bias nonzero, a linear head;
     a whole ViT would take a minute to compile) the check compares ``fn`` with those calls at a point :math:`w` and at :math:`w` moved by per-head GL(h) elements, and asks
     that geodesic sharpness be the same at both (relative 1e-6) while adaptive sharpness changes,
     and that shifting :math:`b_k` (which changes no output) change neither.
