@@ -276,8 +276,11 @@ def check_sharpness_pair(
     Both are worst-case values by Auto-PGD (``search`` holds ``key``, ``n_iter`` and ``n_restarts``),
 
     .. math::
-        S_{\mathrm{ad}} = \max_{\lVert\delta/|w|\rVert_2\le\rho} L(w + \delta) - L(w),\qquad
-        S_{\mathrm{geo}} = \max_{\xi\ \mathrm{horizontal},\ \lVert\xi\rVert_g\le\rho} L\big(w + \xi - \tfrac12\Gamma(\xi,\xi)\big) - L(w),
+        \begin{aligned}
+        S_{\mathrm{ad}} &= \max_{\lVert\delta/|w|\rVert_2\le\rho} L(w + \delta) - L(w), \\
+        S_{\mathrm{geo}} &= \max_{\xi\ \mathrm{horizontal},\ \lVert\xi\rVert_g\le\rho}
+        L\big(w + \xi - \tfrac12\Gamma(\xi,\xi)\big) - L(w),
+        \end{aligned}
 
     both with the ViT's spec ``mm.vit_symmetry_spec(params)`` (which holds the redundant key bias
     :math:`b_k` fixed), as in chapter 7.  On a random float64 model made of one attention block of

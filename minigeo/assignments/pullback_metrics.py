@@ -575,8 +575,11 @@ def check_natural_gradient_regression(
 ) -> CheckReport:
     r"""Check ``fn(model, loss, params, lr, damping)`` = one damped natural-gradient (GGN) step on a small regression.
 
-    .. math:: \theta^+ = \theta - \alpha\,(\mathbf{G} + \lambda\mathbf{I})^{-1}\nabla\mathcal{J}(\theta),\qquad
-        \mathbf{G} = \mathbf{J}^\top\mathbf{H}_z\mathbf{J},\quad \mathcal{J}(\theta) = \mathcal{L}(f(\theta)),
+    .. math::
+        \begin{aligned}
+        \theta^+ &= \theta - \alpha\,(\mathbf{G} + \lambda\mathbf{I})^{-1}\nabla\mathcal{J}(\theta), \\
+        \mathbf{G} &= \mathbf{J}^\top\mathbf{H}_z\mathbf{J},\quad \mathcal{J}(\theta) = \mathcal{L}(f(\theta)),
+        \end{aligned}
 
     for a tanh network with one output and the loss :math:`\mathcal{L}(z) = \frac1{2N}\sum_n (z_n - y_n)^2`,
     so :math:`\mathbf{H}_z = \mathbf{I}/N` and the GGN is the Fisher of a unit-variance Gaussian
@@ -609,7 +612,8 @@ def check_natural_gradient_regression(
     ...     J = jax.jacfwd(lambda t: model(t).reshape(-1))(params)
     ...     Hz = jax.hessian(lambda zf: loss(zf.reshape(z.shape)))(z.reshape(-1))
     ...     G = J.T @ Hz @ J + damping * jnp.eye(params.size)
-    ...     return params - lr * jnp.linalg.solve(G, jax.grad(lambda t: loss(model(t)))(params))
+    ...     grad = jax.grad(lambda t: loss(model(t)))(params)
+    ...     return params - lr * jnp.linalg.solve(G, grad)
     >>> assignments.check_natural_gradient_regression(natural_gradient_step).passed
     PASS natural_gradient_regression: ...
     True
