@@ -23,7 +23,6 @@ import nbformat
 import numpy as np
 import pytest
 import scipy.linalg
-from nbclient import NotebookClient
 
 import minigeo as mg
 from minigeo import assignments as A
@@ -162,9 +161,8 @@ def test_checks_pass_in_float32_notebooks_too():
 
 def test_every_assignment_has_a_solution_and_a_student_version():
     assert [p.name for p in SOLUTIONS] == sorted(p.name for p in KIT.glob("*.ipynb"))
-    assert len(SOLUTIONS) >= 3
-    chapters = {re.match(r"assignment_(\d\d)_", p.name).group(1) for p in SOLUTIONS}
-    assert {"01", "04", "06"} <= chapters
+    chapters = [re.match(r"assignment_(\d\d)_", p.name).group(1) for p in SOLUTIONS]
+    assert chapters == [f"{k:02d}" for k in range(1, 8)]  # one per chapter, chapters 1 to 7
 
 
 def test_student_notebooks_are_in_sync_with_the_solutions():
@@ -189,33 +187,6 @@ def test_student_version_leaks_no_solution(solution):
                 )
     assert all(not c.get("outputs") for c in student.cells if c.cell_type == "code")
     assert student_code.count("raise NotImplementedError") >= 3
-
-
-def _execute(path: Path) -> str:
-    nb = nbformat.read(path, as_version=4)
-    NotebookClient(
-        nb, timeout=300, kernel_name="python3", resources={"metadata": {"path": str(path.parent)}}
-    ).execute()
-    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
-    errors = [o for o in outputs if o.output_type == "error"]
-    assert not errors, f"{path.name}: {errors[0].ename}: {errors[0].evalue}"
-    return "".join(o.get("text", "") for o in outputs if o.output_type == "stream")
-
-
-@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
-def test_solution_notebook_scores_full_marks(solution):
-    out = _execute(solution)
-    assert "FAIL" not in out
-    assert re.search(r"(\d+) of \1 checks passed", out), out
-
-
-@pytest.mark.parametrize("solution", SOLUTIONS, ids=lambda p: p.name)
-def test_blank_student_notebook_fails_cleanly(solution):
-    out = _execute(KIT / solution.name)
-    assert "PASS" not in out and "Traceback" not in out
-    fails = [line for line in out.splitlines() if line.startswith("FAIL")]
-    assert fails and all("not implemented yet" in line for line in fails), out
-    assert re.search(r"\b0 of [1-9]\d* checks passed", out), out
 
 
 # Deliberately wrong submissions: each solution with a typical mistake in one task, made here from
@@ -296,8 +267,11 @@ def _load_grade_module():
     return grade
 
 
-# 22 notebooks (7 solutions, 7 blanks, 7 wrong, 1 broken), two kernels at a time: about 8 minutes on
-# 2 busy CI cores, so this test has its own limit above the suite's 600 s
+# The one test that executes the assignment notebooks: every solution must score full marks, every
+# untouched student version 0 (each task "not implemented yet", no error), every wrong submission lose
+# exactly its task with the named hint, and a broken notebook be reported, not crash the grader.
+# 22 notebooks, two kernels at a time: about 8 minutes on 2 busy CI cores, so this test has its own
+# limit above the suite's 600 s
 @pytest.mark.timeout(1800)
 def test_grade_all_solutions_blank_wrong_and_broken_submissions(tmp_path):
     # one folder per "student": solution/, blank/ (the untouched student versions), wrong/, broken/

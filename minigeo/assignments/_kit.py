@@ -69,22 +69,30 @@ def _float64() -> Iterator[None]:
         yield
 
 
-def _close(got, want, what: str, hint: str, tol: float = 1e-8) -> None:
-    answer = got
+def _as_array(answer, shape: tuple[int, ...], what: str, hint: str) -> np.ndarray:
+    """The student's answer as a finite float (or complex) NumPy array of ``shape``, else a FAIL with the hint.
+
+    A complex answer keeps its imaginary part (the right value + 5j must not pass); :func:`_close`
+    reports it unless it is round-off.
+    """
     try:
         got = np.asarray(answer)
         if not (np.issubdtype(got.dtype, np.number) or np.issubdtype(got.dtype, np.bool_)):
             raise TypeError
     except (TypeError, ValueError):
         raise _Fail(f"{what} is not an array of numbers (got {type(answer).__name__}). {hint}") from None
-    # complex answers keep their imaginary part: right value + 5j must not pass
-    got = got.astype(complex if np.iscomplexobj(got) else float)
-    want = np.asarray(want)
-    want = want.astype(complex if np.iscomplexobj(want) else float)
-    if got.shape != want.shape:
-        raise _Fail(f"{what} has shape {got.shape}, expected {want.shape}. {hint}")
+    if got.shape != tuple(shape):
+        raise _Fail(f"{what} has shape {got.shape}, expected {tuple(shape)}. {hint}")
     if not np.all(np.isfinite(got)):
         raise _Fail(f"{what} contains NaN or inf. {hint}")
+    return got.astype(complex if np.iscomplexobj(got) else float)
+
+
+def _close(got, want, what: str, hint: str, tol: float = 1e-8) -> None:
+    """FAIL with ``hint`` unless ``got`` equals ``want`` to ``tol`` relative to ``max(1, |want|)``."""
+    want = np.asarray(want)
+    want = want.astype(complex if np.iscomplexobj(want) else float)
+    got = _as_array(got, want.shape, what, hint)
     err = float(np.max(np.abs(got - want))) if got.size else 0.0
     scale = max(1.0, float(np.max(np.abs(want))) if want.size else 1.0)
     imag = float(np.max(np.abs(got.imag))) if np.iscomplexobj(got) and got.size else 0.0
@@ -92,6 +100,69 @@ def _close(got, want, what: str, hint: str, tol: float = 1e-8) -> None:
         raise _Fail(f"{what} has an imaginary part (up to {imag:.2e}), but the answer is real. {hint}")
     if err > tol * scale:
         raise _Fail(f"{what} is off by {err:.2e} (tolerance {tol * scale:.0e}). {hint}")
+
+
+def _matches(got, value, tol: float = 1e-8) -> bool:
+    """Whether ``got`` equals ``value`` to ``tol`` relative to ``max(1, |value|)``: a diagnosis, not a
+    verdict (False for anything not comparable: another shape, complex, non-finite, not numbers)."""
+    try:
+        got, value = np.asarray(got), np.asarray(value)
+        if np.iscomplexobj(got) or np.iscomplexobj(value):
+            return False
+        got, value = got.astype(float), value.astype(float)
+    except (TypeError, ValueError):
+        return False
+    if got.shape != value.shape or not (np.all(np.isfinite(got)) and np.all(np.isfinite(value))):
+        return False
+    scale = max(1.0, float(np.max(np.abs(value), initial=0.0)))
+    return bool(np.max(np.abs(got - value), initial=0.0) <= tol * scale)
+
+
+#: How close (relative) an answer must be to a known wrong answer to be told it is that mistake.
+_MISTAKE_TOL = 1e-6
+
+
+def _close_or_name(got, want, what: str, hint: str, mistakes=(), tol: float = 1e-8) -> None:
+    """:func:`_close`, but a wrong answer that equals a known mistake is told which one it is.
+
+    ``mistakes`` holds ``(wrong, sentence)`` pairs: ``wrong`` is what that mistake gives, or a function
+    computing it (called only for a wrong answer, so a right one costs nothing extra; one that raises
+    is skipped), and ``sentence`` names the mistake and its fix.  A mistake that gives the right
+    answer on this instance is never named.
+    """
+    if not _matches(got, want, tol):
+        for wrong, sentence in mistakes:
+            if callable(wrong):
+                try:
+                    wrong = wrong()
+                except Exception:  # a mistake that cannot be evaluated here cannot be the student's
+                    continue
+            if _matches(got, wrong, _MISTAKE_TOL) and not _matches(want, wrong, _MISTAKE_TOL):
+                err = float(np.max(np.abs(np.asarray(got, dtype=float) - np.asarray(want, dtype=float))))
+                raise _Fail(f"{what} is off by {err:.2e}: {sentence}")
+    _close(got, want, what, hint, tol)
+
+
+class _Draws:
+    """Standard normal numbers from one ``jax.random`` key, handed out in order as float64 NumPy arrays.
+
+    One draw of a fixed ``size`` per check (compiled once, for every check) instead of one
+    compilation per shape; ``draws(*shape)`` and ``draws.normal(*shape)`` are the same.
+    """
+
+    def __init__(self, seed: int, size: int = 2048) -> None:
+        self._z = np.asarray(jax.random.normal(jax.random.PRNGKey(seed), (size,)), dtype=float)
+        self._next = 0
+
+    def normal(self, *shape: int) -> np.ndarray:
+        n = int(np.prod(shape))
+        if self._next + n > self._z.size:
+            raise RuntimeError(f"_Draws: {self._z.size} numbers are not enough (asked for {self._next + n})")
+        out = self._z[self._next : self._next + n].reshape(shape)
+        self._next += n
+        return out
+
+    __call__ = normal
 
 
 class _TimedOut(BaseException):

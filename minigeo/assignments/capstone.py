@@ -13,7 +13,7 @@ from .. import models as mm
 from ..models.vit import multi_head_attention
 from ..sharpness import adaptive_sharpness, geodesic_sharpness
 from ..stats import kendall_tau, kendall_tau_ci
-from ._kit import CheckReport, _close, _Fail, _run
+from ._kit import CheckReport, _close, _Fail, _matches, _run
 
 _ATTN = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
 
@@ -59,26 +59,19 @@ def _move(params: dict, A_qk: jax.Array, A_vo: jax.Array) -> dict:
     return dict(params, blocks=dict(params["blocks"], attn=a))
 
 
-def _near(a, b, tol: float = 1e-8) -> bool:
-    a, b = np.asarray(a), np.asarray(b)
-    return a.shape == b.shape and bool(
-        np.max(np.abs(a - b), initial=0.0) <= tol * max(1.0, np.max(np.abs(b)))
-    )
-
-
 def _diagnose_move(p: dict, got: dict, A_qk: jax.Array, A_vo: jax.Array) -> str | None:
     """The likely mistake of a move ``got`` that differs from the reference, or None if it does not."""
     inv, T = jnp.linalg.inv, lambda M: jnp.swapaxes(M, -1, -2)
     a, g, want = p["blocks"]["attn"], got["blocks"]["attn"], _move(p, A_qk, A_vo)["blocks"]["attn"]
     row = lambda b, M: jnp.einsum("lhe,lhef->lhf", b, M)  # b^T M, b a row
-    if all(_near(g[k], a[k]) for k in _ATTN):
+    if all(_matches(g[k], a[k]) for k in _ATTN):
         return "the attention weights did not change: apply the move to W_q, b_q, W_k, W_v, b_v and W_o."
-    if _near(g["W_q"], a["W_q"] @ T(A_qk)) and _near(g["W_k"], a["W_k"] @ inv(A_qk)):
+    if _matches(g["W_q"], a["W_q"] @ T(A_qk)) and _matches(g["W_k"], a["W_k"] @ inv(A_qk)):
         return (
             "you moved by A^{-T} instead of A: G -> G A^{-1} on the query side, H -> H A^T on the key side "
             "(the logits cannot tell, the group element can)."
         )
-    if _near(g["W_q"], a["W_q"] @ A_vo) or _near(g["W_v"], a["W_v"] @ inv(A_qk)):
+    if _matches(g["W_q"], a["W_q"] @ A_vo) or _matches(g["W_v"], a["W_v"] @ inv(A_qk)):
         return "A_qk acts on the (query, key) pair and A_vo on the (value, output) pair: you swapped them."
     hints = {
         "W_q": [
@@ -118,20 +111,20 @@ def _diagnose_move(p: dict, got: dict, A_qk: jax.Array, A_vo: jax.Array) -> str 
         ],
     }
     for name in ("W_q", "b_q", "W_k", "W_v", "b_v", "W_o"):
-        if _near(g[name], want[name]):
+        if _matches(g[name], want[name]):
             continue
         for candidate, hint in hints[name]:
-            if _near(g[name], candidate):
+            if _matches(g[name], candidate):
                 return hint
         return f"{name} is not moved as (G, H) -> (G A^{{-1}}, H A^T) (G_qk = (W_q; b_q^T), H_qk = W_k, G_vo = (W_v; b_v^T), H_vo = W_o)."
-    if not (_near(g["b_k"], want["b_k"]) or _near(g["b_k"], a["b_k"])):
+    if not (_matches(g["b_k"], want["b_k"]) or _matches(g["b_k"], a["b_k"])):
         return "b_k: leave it as it is, or move it as the key side's last row, b_k -> A b_k."
-    if not _near(g["b_o"], a["b_o"]):
+    if not _matches(g["b_o"], a["b_o"]):
         return "b_o is added once, after the heads are summed: no head's A acts on it; leave it unchanged."
     others = lambda tree: jax.tree_util.tree_leaves_with_path(
         dict(tree, blocks=dict(tree["blocks"], attn=None))
     )
-    if not all(_near(x, y) for (_, x), (_, y) in zip(others(got), others(p))):
+    if not all(_matches(x, y) for (_, x), (_, y) in zip(others(got), others(p))):
         return "only the attention weights move: leave the embeddings, LayerNorms, MLP and head unchanged."
     return None
 
@@ -328,7 +321,7 @@ def check_sharpness_pair(
         loss_fn, p, moved, shifted, batches, search = _tiny_problem()
         a0, g0 = _pair(fn(loss_fn, p, batches, rho, dict(search)))
         ra0, rg0 = _reference_pair(loss_fn, p, batches, rho, search)
-        if _near([a0, g0], [rg0, ra0]) and not _near(ra0, rg0):
+        if _matches([a0, g0], [rg0, ra0]) and not _matches(ra0, rg0):
             raise _Fail("you swapped the two measures: return (adaptive, geodesic), in that order.")
         _close(
             a0,
@@ -461,7 +454,7 @@ def check_kendall_tau(
             try:
                 _close(got, want, what, "")
             except _Fail as fail:
-                hint = next((h for c, h in _tau_candidates(x, y) if _near(got, c, 1e-6)), None)
+                hint = next((h for c, h in _tau_candidates(x, y) if _matches(got, c, 1e-6)), None)
                 raise _Fail(
                     f"{fail}{hint or 'Kendall tau_b: the sum of sgn(x_i - x_j) sgn(y_i - y_j) over pairs, over sqrt(n_x n_y)'}."
                 ) from None

@@ -13,7 +13,8 @@ from .. import reparam
 from ..coords import Reparametrization, transform_metric_field
 from ..densities import laplace_log_marginal_likelihood, log_density_wrt_volume, transform_log_density
 from ..metrics import dense as dense_metric
-from ._kit import CheckReport, _close, _Fail, _run
+from . import _kit
+from ._kit import CheckReport, _close, _close_or_name, _Fail, _matches, _run
 
 LOG_2PI = float(np.log(2.0 * np.pi))
 
@@ -21,24 +22,12 @@ LOG_2PI = float(np.log(2.0 * np.pi))
 # ----------------------------------------------------------------------------- shared helpers
 
 
-@jax.jit
-def _normals(key: jax.Array) -> jax.Array:
-    return jax.random.normal(key, (512,))
-
-
-class _Draws:
-    """Random numbers for one check's instances: 512 standard normals from ``jax.random.PRNGKey(seed)``
-    (one compiled call, the same for every check), handed out in order as float64 numpy arrays."""
+class _Draws(_kit._Draws):
+    """512 standard normals per check (see :class:`minigeo.assignments._kit._Draws`), with the shapes
+    this assignment draws."""
 
     def __init__(self, seed: int) -> None:
-        self._z = np.asarray(_normals(jax.random.PRNGKey(seed)), dtype=float)
-        self._next = 0
-
-    def normal(self, *shape: int) -> np.ndarray:
-        n = int(np.prod(shape))
-        out = self._z[self._next : self._next + n].reshape(shape)
-        self._next += n
-        return out
+        super().__init__(seed, size=512)
 
     def uniform(self, low: float, high: float, *shape: int) -> np.ndarray:
         return low + (high - low) * ndtr(self.normal(*shape))
@@ -51,37 +40,6 @@ class _Draws:
         """A 2 x 2 matrix with positive determinant, away from singular."""
         A = self.normal(2, 2) + 2.0 * np.eye(2)
         return A * np.sign(np.linalg.det(A))
-
-
-def _matches(got, value, tol: float) -> bool:
-    """Whether ``got`` equals ``value`` to the check's tolerance (False for anything not comparable)."""
-    try:
-        got, value = np.asarray(got, dtype=float), np.asarray(value, dtype=float)
-    except (TypeError, ValueError):
-        return False
-    if got.shape != value.shape or not (np.all(np.isfinite(got)) and np.all(np.isfinite(value))):
-        return False
-    scale = max(1.0, float(np.max(np.abs(value), initial=0.0)))
-    return bool(np.max(np.abs(got - value), initial=0.0) <= tol * scale)
-
-
-def _diagnose(got, want, what: str, hint: str, mistakes=(), tol: float = 1e-8) -> None:
-    """``_close(got, want, ...)``, but first name the mistake when ``got`` equals a known wrong answer.
-
-    ``mistakes`` holds ``(value_fn, hint)`` pairs; ``value_fn()`` computes the wrong answer (only when
-    ``got`` is not right, so a correct answer costs nothing extra) and may raise, which skips it.
-    """
-    if _matches(got, want, tol):
-        return
-    for value_fn, mistake in mistakes:
-        try:
-            value = value_fn()
-        except Exception:  # a mistake that cannot be evaluated here cannot be the student's
-            continue
-        if _matches(got, value, tol) and not _matches(want, value, tol):
-            err = float(np.max(np.abs(np.asarray(got, dtype=float) - np.asarray(want, dtype=float))))
-            raise _Fail(f"{what} is off by {err:.2e}. {mistake}")
-    _close(got, want, what, hint, tol)
 
 
 def _newton_max(f: Callable[[jax.Array], jax.Array], x0: jax.Array, steps: int = 60) -> jax.Array:
@@ -281,7 +239,7 @@ def check_change_of_variables(
                     "theta = phi.inverse(psi) (or use phi.inverse_jacobian(psi) directly).",
                 ),
             ]
-            _diagnose(got, want, f"log q_Psi ({name})", nan_hint, mistakes)
+            _close_or_name(got, want, f"log q_Psi ({name})", nan_hint, mistakes)
             _close(got, closed_value, f"log q_Psi against the closed form ({name})", hint)
         return "log q(phi^-1(psi)) + log|det J^-1| matches minigeo and closed forms in 5 charts."
 
@@ -372,7 +330,7 @@ def check_invariant_map(
                 ),
             ]
             what = f"the mode found in the {name} chart (compared with phi(theta*), the mode in theta mapped there)"
-            _diagnose(got, target, what, hint, mistakes, 1e-7)
+            _close_or_name(got, target, what, hint, mistakes, 1e-7)
         return "the mode of q / sqrt(det G) is the same point in theta, in a random affine chart and in polar coordinates."
 
     return _run("invariant_map", body, time_limit)
@@ -549,7 +507,7 @@ def check_laplace_log_evidence(
                         "likelihood alone.",
                     ),
                 ]
-            _diagnose(got, reference, f"log Z ({name})", hint, mistakes)
+            _close_or_name(got, reference, f"log Z ({name})", hint, mistakes)
             if exact is not None:
                 _close(got, exact, f"log Z against the exact evidence ({name})", hint)
         return (
@@ -726,7 +684,7 @@ def check_invariant_laplace_evidence(
                             "q^G = q / sqrt(det G), which is the same point in every chart.",
                         ),
                     ]
-                    _diagnose(got, want, f"log Z_G ({model}, {name} chart)", hint, mistakes)
+                    _close_or_name(got, want, f"log Z_G ({model}, {name} chart)", hint, mistakes)
                 _close(
                     got,
                     truth,

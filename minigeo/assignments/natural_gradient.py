@@ -9,44 +9,11 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..natgrad import moore_penrose_inverse, natural_parameter_gradient, span_projection
-from ._kit import CheckReport, _close, _Fail, _run
+from ._kit import CheckReport, _as_array, _close, _Draws, _Fail, _run
 
 #: Cut-off for the reference pseudo-inverses: the random instances below have nonzero eigenvalues of
 #: G far above it and round-off "zero" eigenvalues near 1e-16 of the largest, far below it.
 _RCOND = 1e-10
-
-
-def _array(answer, shape: tuple[int, ...], what: str, hint: str) -> np.ndarray:
-    """The student's answer as a float NumPy array of the expected shape (else a FAIL with the hint)."""
-    try:
-        got = np.asarray(answer)
-        if not np.issubdtype(got.dtype, np.number):
-            raise TypeError
-    except (TypeError, ValueError):
-        raise _Fail(f"{what} is not an array of numbers (got {type(answer).__name__}). {hint}") from None
-    if got.shape != shape:
-        raise _Fail(f"{what} has shape {got.shape}, expected {shape}. {hint}")
-    if not np.all(np.isfinite(got)):
-        raise _Fail(f"{what} contains NaN or inf. {hint}")
-    # a complex answer keeps its imaginary part, which _close reports unless it is round-off
-    return got.astype(complex if np.iscomplexobj(got) else float)
-
-
-class _Draws:
-    """Standard normal numbers from one ``jax.random`` key, handed out as NumPy arrays of any shape.
-
-    One draw of a fixed size (compiled once, for every check) instead of one compilation per shape.
-    """
-
-    def __init__(self, seed: int, size: int = 2048):
-        self._x = np.asarray(jax.random.normal(jax.random.PRNGKey(seed), (size,)), dtype=float)
-        self._i = 0
-
-    def __call__(self, *shape: int) -> np.ndarray:
-        n = int(np.prod(shape))
-        out = self._x[self._i : self._i + n].reshape(shape)
-        self._i += n
-        return out
 
 
 def _instance(draw: _Draws, n: int, d: int, rank: int | None = None):
@@ -134,7 +101,7 @@ def check_function_space_natural_gradient(
             grad = J.T @ dL
             want = np.asarray(natural_parameter_gradient(jnp.asarray(J.T @ g @ J), jnp.asarray(grad), _RCOND))
             v = np.linalg.solve(g, dL)  # the ambient gradient g^{-1} dL
-            y = _array(
+            y = _as_array(
                 fn(jnp.asarray(J), jnp.asarray(g), jnp.asarray(dL)),
                 (d,),
                 "the natural parameter gradient y",
@@ -230,7 +197,7 @@ def check_span_projection(
         draw = _Draws(31)
         for n, d, r in [(6, 9, 3)] * 3:  # rank below N and d: a proper subspace, a singular G
             J, g, dL = _instance(draw, n, d, rank=r)
-            P = _array(
+            P = _as_array(
                 fn(jnp.asarray(J), jnp.asarray(g)),
                 (n, n),
                 f"the projection (N = {n}, d = {d}, rank {r})",
@@ -270,7 +237,7 @@ def check_span_projection(
             _close(P @ v, span_projection(jnp.asarray(J), jnp.asarray(g), jnp.asarray(v)), "Pi v", hint)
             JW = J @ _invertible(draw, d)
             _close(
-                _array(fn(jnp.asarray(JW), jnp.asarray(g)), (n, n), "the projection for J W", hint),
+                _as_array(fn(jnp.asarray(JW), jnp.asarray(g)), (n, n), "the projection for J W", hint),
                 P,
                 "Pi for the reparametrized Jacobian J W",
                 "Pi depends only on the span of the coordinate vectors: xi = W theta turns J into J W, "
@@ -336,7 +303,7 @@ def check_generalized_inverse(
             Z = draw(d, d)
             grad = J.T @ dL
             Gp = np.asarray(moore_penrose_inverse(jnp.asarray(G), rcond=_RCOND))
-            A = _array(
+            A = _as_array(
                 fn(jnp.asarray(G), jnp.asarray(Z)),
                 (d, d),
                 f"A_Z (d = {d})",
@@ -444,7 +411,7 @@ def check_reparametrized_mp_step(
             y_mp = np.asarray(moore_penrose_inverse(jnp.asarray(G), rcond=_RCOND)) @ grad
             W = _invertible(draw, d)
             shape_hint = "The step is a vector of xi-coordinates with d entries."
-            y = _array(fn(jnp.asarray(G), jnp.asarray(grad), jnp.asarray(W)), (d,), "the step", shape_hint)
+            y = _as_array(fn(jnp.asarray(G), jnp.asarray(grad), jnp.asarray(W)), (d,), "the step", shape_hint)
             _close(
                 J @ y,
                 J @ y_mp,
@@ -469,7 +436,7 @@ def check_reparametrized_mp_step(
             )
             Q = np.linalg.qr(draw(d, d))[0]
             _close(
-                _array(fn(jnp.asarray(G), jnp.asarray(grad), jnp.asarray(Q)), (d,), "the step", shape_hint),
+                _as_array(fn(jnp.asarray(G), jnp.asarray(grad), jnp.asarray(Q)), (d,), "the step", shape_hint),
                 y_mp,
                 "the step for an orthogonal W",
                 "For an orthogonal W the Moore-Penrose step is the same in both coordinates "

@@ -11,7 +11,7 @@ import numpy as np
 from .._compile import jit_per_callable
 from ..metrics import empirical_fisher, fisher, ggn
 from ..natgrad import natural_gradient
-from ._kit import CheckReport, _close, _Fail, _run
+from ._kit import CheckReport, _close, _close_or_name, _Fail, _run
 
 # ---------------------------------------------------------------------------------------- instances
 # Instances are drawn with NumPy's generator (no compilation), and every reference (dense Jacobians,
@@ -89,49 +89,6 @@ def _logits_nll(z: jax.Array, labels: jax.Array) -> jax.Array:
 def _per_example_gradients(model: Callable, theta: jax.Array, labels: jax.Array) -> jax.Array:
     """``(N, d)``: row n is the gradient of example n's negative log-likelihood."""
     return jax.jacrev(lambda t: _logits_nll(model(t), labels))(theta)
-
-
-# ------------------------------------------------------------------------------- naming a mistake
-
-
-def _numbers(answer) -> np.ndarray | None:
-    """The answer as a float array, or None where :func:`_close` will report what is wrong with it."""
-    try:
-        arr = np.asarray(answer)
-        if not np.issubdtype(arr.dtype, np.number) or np.iscomplexobj(arr):
-            return None
-        return arr.astype(float)
-    except (TypeError, ValueError):
-        return None
-
-
-def _near(a: np.ndarray, b, tol: float) -> bool:
-    b = np.asarray(b, dtype=float)
-    return a.shape == b.shape and float(np.max(np.abs(a - b), initial=0.0)) <= tol * max(
-        1.0, float(np.max(np.abs(b), initial=0.0))
-    )
-
-
-def _close_or_name(
-    got, want, what: str, hint: str, mistakes: list[tuple[jax.Array, str]], tol: float = 1e-8
-) -> None:
-    """:func:`_close`, but a wrong answer that equals a known mistake is told which one it is.
-
-    ``mistakes`` holds ``(what that mistake gives, a sentence naming it and its fix)``.
-    """
-    arr = _numbers(got)
-    want_arr = np.asarray(want, dtype=float)
-    if (
-        arr is not None
-        and arr.shape == want_arr.shape
-        and np.all(np.isfinite(arr))
-        and not _near(arr, want, tol)
-    ):
-        err = float(np.max(np.abs(arr - want_arr)))
-        for wrong, sentence in mistakes:
-            if not _near(np.asarray(wrong, dtype=float), want_arr, 1e-6) and _near(arr, wrong, 1e-6):
-                raise _Fail(f"{what} is off by {err:.2e}: {sentence}")
-    _close(got, want, what, hint, tol)
 
 
 # -------------------------------------------------------------------------------------- task 2.1
