@@ -453,13 +453,9 @@ def laplace_log_marginal_likelihood(
         "Use a GGN/Fisher curvature (curvature=mg.ggn(model, nll)) or add prior_precision > 0."
     )
     if method == "dense":
-        check_dense_size(d, max_size, "The Laplace curvature")
-        C = (
-            hessian(neg_log_joint, params, max_size=max_size)
-            if curvature is None
-            else curvature.dense(params, max_size=max_size)
+        C = _laplace_precision(
+            neg_log_joint, params, curvature, prior_precision, max_size, "laplace_log_marginal_likelihood"
         )
-        C = C + prior_precision * jnp.eye(d, dtype=C.dtype)
         try:
             check_spd(C, "the Laplace curvature")
         except GeometryError as err:

@@ -274,6 +274,37 @@ def test_hutchpp_trace_follows_a_rebound_global(notebook_global):
         np.testing.assert_allclose(float(est), np.trace(H), rtol=1e-10, atol=1e-10 * np.abs(H).max())
 
 
+# the Laplace toolkit: the same loss, A rebound between calls; A + diag(p) positive definite
+_NB_SPD = [np.diag([1.0, 2.0, 4.0, 8.0]), np.diag([10.0, 3.0, 7.0, 0.5]) + 0.5]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_laplace_toolkit_follows_a_rebound_global(notebook_global, dtype):
+    f = lambda p: _nb_loss(p)
+    p = jnp.asarray(_NB_P, dtype)
+    x = jnp.asarray(np.random.default_rng(3).normal(size=(5, 4)), dtype)
+    model = lambda q, inputs: jnp.tanh(inputs @ q) + 0.1 * (inputs @ _NB_A @ q)  # reads the global too
+    tol = 1000 * float(jnp.finfo(dtype).eps)
+    for A in _NB_SPD:
+        notebook_global(np.asarray(A, dtype))
+        H = np.asarray(jax.hessian(f)(p), np.float64)  # fresh dense truths
+        post = mg.laplace_posterior(f, p, prior_precision=0.5)
+        np.testing.assert_allclose(np.asarray(post.precision), H + 0.5 * np.eye(4), rtol=tol, atol=tol)
+        J = np.asarray(jax.jacfwd(lambda q: model(q, x))(p), np.float64)
+        pred = mg.glm_predictive(model, post, x)
+        np.testing.assert_allclose(np.asarray(pred.mean), np.asarray(model(p, x)), rtol=tol, atol=tol)
+        S = J @ np.linalg.inv(H + 0.5 * np.eye(4)) @ J.T
+        np.testing.assert_allclose(np.asarray(pred.covariance), np.diag(S), rtol=10 * tol, atol=10 * tol)
+        ev = mg.laplace_log_marginal_likelihood(f, p)
+        truth = -float(f(p)) + 2 * np.log(2 * np.pi) - 0.5 * np.linalg.slogdet(H)[1]
+        np.testing.assert_allclose(float(ev.log_z), truth, rtol=tol, atol=tol)
+        # MacKay's fixed point with the curvature of the rebound loss: alpha = gamma / |p|^2
+        opt = mg.optimize_prior_precision(f, p)
+        lam = np.linalg.eigvalsh(H)
+        a = float(opt.prior_precision)
+        np.testing.assert_allclose(a, np.sum(lam / (lam + a)) / float(np.sum(np.asarray(p, np.float64) ** 2)), rtol=100 * tol)
+
+
 # ---------------------------------------------------------------------------
 # nothing kept alive; one compilation across per-step closures
 # ---------------------------------------------------------------------------
