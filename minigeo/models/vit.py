@@ -464,7 +464,7 @@ def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
     .. math::
 
         \Big(\tbinom{W_q^i}{b_q^{i\top}},\ W_k^i\Big) \to \Big(\tbinom{W_q^i}{b_q^{i\top}} A^{-1},\ W_k^i A^\top\Big),\qquad
-        \Big(\tbinom{W_v^i}{b_v^{i\top}},\ W_o^{i\top}\Big) \to \Big(\tbinom{W_v^i}{b_v^{i\top}} B^{-1},\ W_o^{i\top} B^\top\Big),
+        \Big(\tbinom{W_v^i}{b_v^{i\top}},\ W_o^i\Big) \to \Big(\tbinom{W_v^i}{b_v^{i\top}} B^{-1},\ W_o^i B^\top\Big),
 
     for :math:`A, B \in \mathrm{GL}(d_{\mathrm{head}})`, per head :math:`i` and layer.
 
