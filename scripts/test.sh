@@ -36,7 +36,8 @@ echo "== 1/5 unit tests"
 # keep both cores busy while the other compiles; two runs: the sharpness and ViT modules compile the
 # largest XLA programs, and fresh workers for them keep a long-lived process from accumulating every
 # compiled executable of the suite
-PARALLEL="-n 2 --dist loadfile"
+# --durations: every test over 3 s is listed at the end, the data for the quick lane's `slow` list
+PARALLEL="-n 2 --dist loadfile --durations=0 --durations-min=3"
 HEAVY="tests/test_sharpness.py tests/test_batches_and_inputs.py tests/test_vit.py tests/test_vit_timm_parity.py tests/test_vit_open_clip_parity.py"
 python -m pytest tests $PARALLEL $(for f in $HEAVY; do printf -- '--ignore=%s ' "$f"; done)
 python -m pytest $HEAVY $PARALLEL
