@@ -40,8 +40,8 @@ from ._spectral import (
     Products,
     SpectralDensity,
     certified_ends,
+    diagonal_by_method,
     fixed_block_lanczos,
-    hutchinson_diagonal,
     slq_density,
     trace_by_method,
 )
@@ -576,6 +576,7 @@ def diagonal_estimate(
     *,
     batch: Any = None,
     num_probes: int = 10,
+    method: str = "hutchinson",
     return_info: bool = False,
 ) -> tuple[PyTree, PyTree] | tuple[PyTree, PyTree, EstimateInfo]:
     r"""Hutchinson estimate of the Hessian's diagonal, with per-entry standard errors.
@@ -629,9 +630,9 @@ def diagonal_estimate(
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
-    return hutchinson_diagonal(
-        _point_products(bind_batch(f, batch), params), key, num_probes=num_probes, who="diagonal_estimate",
-        return_info=return_info,
+    return diagonal_by_method(
+        _point_products(bind_batch(f, batch), params), key, method=method, num_probes=num_probes,
+        who="diagonal_estimate", return_info=return_info,
     )
 
 

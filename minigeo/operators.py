@@ -35,7 +35,7 @@ from ._spectral import (
     SpectralDensity,
     certified_ends,
     check_num_probes,
-    hutchinson_diagonal,
+    diagonal_by_method,
     slq_density,
     slq_logdet,
     trace_by_method,
@@ -686,8 +686,8 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), App. A.2 (the Riemannian trace :math:`\mathrm{tr}(G^{-1}H)`).
         Taught in chapter 4, *Invariant Hessians*.
         """
-        if method == "hutch++":
-            fresh = _many_passes(batches, f"{self.name}.trace_estimate (hutch++)", max_batches)
+        if method in ("hutch++", "xtrace"):
+            fresh = _many_passes(batches, f"{self.name}.trace_estimate ({method})", max_batches)
         else:
             data = _one_pass(batches, self.name, max_batches)  # before the probes' solves: a finite pass
             fresh = lambda: data
@@ -717,6 +717,7 @@ class CurvatureOperator:
         *,
         num_probes: int = 10,
         max_batches: int | None = None,
+        method: str = "hutchinson",
         return_info: bool = False,
     ) -> tuple[PyTree, PyTree]:
         r"""Hutchinson estimate of :math:`\mathrm{diag}(M)` over the dataset, in one pass, with standard errors.
@@ -766,10 +767,15 @@ class CurvatureOperator:
         ----------
         No formula from the source papers: Bekas, Kokiopoulou & Saad (2007). Chapter 4.
         """
-        data = _one_pass(batches, self.name, max_batches)
-        source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, data))
-        return hutchinson_diagonal(
-            source, key, num_probes=num_probes, who=f"{self.name}.diagonal_estimate", return_info=return_info
+        if method == "xdiag":
+            fresh = _many_passes(batches, f"{self.name}.diagonal_estimate (xdiag)", max_batches)
+        else:
+            data = _one_pass(batches, self.name, max_batches)
+            fresh = lambda: data
+        source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, fresh()))
+        return diagonal_by_method(
+            source, key, method=method, num_probes=num_probes, who=f"{self.name}.diagonal_estimate",
+            return_info=return_info,
         )
 
     def restrict(self, paths: Any) -> "CurvatureOperator":
