@@ -757,6 +757,7 @@ def _rowwise(source: Products, batched: str) -> Callable[[jax.Array], jax.Array]
     return lambda V: jnp.concatenate([source.block_mv(V[i : i + 1]) for i in range(V.shape[0])])
 
 
+@jax.jit
 def _downdating_basis(Y: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     r"""``(Q, R, S)`` for the rows ``Y`` (``m x d``): ``Y^T = QR`` (Householder) and ``S``, the columns of
     :math:`R^{-\top}` normalized, so that :math:`Q_{(i)}Q_{(i)}^\top = QQ^\top - Qs_i s_i^\top Q^\top` is the
@@ -775,6 +776,25 @@ def _downdating_basis(Y: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
     S = jsl.solve_triangular(R_safe, jnp.eye(R.shape[0], dtype=Y.dtype), lower=False, trans=1)  # R^{-T}
     S = S / jnp.linalg.norm(S, axis=0, keepdims=True)
     return Q, R, S
+
+
+@jax.jit
+def _xtrace_estimates(Om: jax.Array, Q: jax.Array, R: jax.Array, S: jax.Array, Z: jax.Array) -> jax.Array:
+    """The ``m`` leave-one-out estimates :math:`t_i` of XTrace (``xtrace_helper.m``), columns ``w_i`` of ``Om``."""
+    d, m = Om.shape
+    W = Q.T @ Om
+    scale = (d - m + 1) / (d - jnp.sum(W * W, axis=0) + jnp.sum(S * W, axis=0) ** 2)
+    H = Q.T @ Z
+    HW = H @ W
+    T = Z.T @ Om
+    dSW = jnp.sum(S * W, axis=0)
+    dSHS = jnp.sum(S * (H @ S), axis=0)
+    dTW = jnp.sum(T * W, axis=0)
+    dWHW = jnp.sum(W * HW, axis=0)
+    dSRmHW = jnp.sum(S * (R - HW), axis=0)
+    dTmHRS = jnp.sum((T - H.T @ W) * S, axis=0)
+    ests = jnp.trace(H) - dSHS + (-dTW + dWHW + dSW * dSRmHW + dSW**2 * dSHS + dTmHRS * dSW) * scale
+    return ests
 
 
 def xtrace_trace(
@@ -819,19 +839,7 @@ def xtrace_trace(
     Q, R, S = _downdating_basis(Y)
     Z = inverse(mv(Q.T)).T  # A Q, (d, m)
     check_finite(Z, f"The {source.name} products", hint=_CG_HINT)
-    Om = Om.T  # columns w_i, as in the reference code
-    W = Q.T @ Om
-    scale = (d - m + 1) / (d - jnp.sum(W * W, axis=0) + jnp.sum(S * W, axis=0) ** 2)
-    H = Q.T @ Z
-    HW = H @ W
-    T = Z.T @ Om
-    dSW = jnp.sum(S * W, axis=0)
-    dSHS = jnp.sum(S * (H @ S), axis=0)
-    dTW = jnp.sum(T * W, axis=0)
-    dWHW = jnp.sum(W * HW, axis=0)
-    dSRmHW = jnp.sum(S * (R - HW), axis=0)
-    dTmHRS = jnp.sum((T - H.T @ W) * S, axis=0)
-    ests = jnp.trace(H) - dSHS + (-dTW + dWHW + dSW * dSRmHW + dSW**2 * dSHS + dTmHRS * dSW) * scale
+    ests = _xtrace_estimates(Om.T, Q, R, S, Z)
     est, err = mean_and_standard_error(ests)
     if return_info:
         ok = jnp.isfinite(est) & jnp.isfinite(err)
@@ -840,6 +848,20 @@ def xtrace_trace(
 
 
 DIAGONAL_METHODS = ("hutchinson", "xdiag")
+
+
+@jax.jit
+def _xdiag_values(Om: jax.Array, Y: jax.Array, Q: jax.Array, S: jax.Array, Z: jax.Array) -> jax.Array:
+    """The ``m`` leave-one-out diagonals :math:`d_i` of XDiag (``xdiag.m``), as rows; columns ``w_i`` of ``Om``."""
+    T = Z.T @ Om  # Q^T M Om
+    QS, ZS = Q @ S, Z @ S
+    dST = jnp.sum(S * T, axis=0)
+    values = (
+        jnp.sum(Q * Z, axis=1)[None, :]  # diag(Q Q^T M)
+        - (QS * ZS).T  # minus diag(Q s_i s_i^T Q^T M)
+        + (Om * (Y.T - Q @ T + QS * dST[None, :])).T  # w_i o (I - Q_(i) Q_(i)^T) M w_i
+    )
+    return values
 
 
 def xdiag_diagonal(
@@ -870,15 +892,7 @@ def xdiag_diagonal(
     Q, R, S = _downdating_basis(Y)
     Z = source.block_mv(Q.T).T  # M^T Q = M Q, (d, m)
     check_finite(Z, f"The {source.name} products", hint=hint)
-    Om = Om.T
-    T = Z.T @ Om  # Q^T M Om
-    QS, ZS = Q @ S, Z @ S
-    dST = jnp.sum(S * T, axis=0)
-    values = (
-        jnp.sum(Q * Z, axis=1)[None, :]  # diag(Q Q^T M)
-        - (QS * ZS).T  # minus diag(Q s_i s_i^T Q^T M)
-        + (Om * (Y.T - Q @ T + QS * dST[None, :])).T  # w_i o (I - Q_(i) Q_(i)^T) M w_i
-    )
+    values = _xdiag_values(Om.T, Y, Q, S, Z)
     mean, err = mean_and_standard_error(values, axis=0)
     unravel = ravel(params)[1]
     if return_info:
