@@ -40,6 +40,21 @@ def _naive_xtrace(E, key, budget):
     return ests.mean(), ests.std(ddof=1) / np.sqrt(m)
 
 
+def _naive_xdiag(A, key, budget):
+    """XDiag by its definition: d_i = diag(P_i A) + w_i o (I - P_i) A w_i, P_i from a fresh QR (float64)."""
+    d = A.shape[0]
+    m = budget // 2
+    Om = np.asarray(jax.random.rademacher(key, (m, d), dtype=jnp.float64)).T  # the estimator's test vectors
+    Y = A @ Om
+    rows = []
+    for i in range(m):
+        Qi = np.linalg.qr(np.delete(Y, i, axis=1))[0]
+        P = Qi @ Qi.T
+        rows.append(np.diag(P @ A) + Om[:, i] * (Y[:, i] - P @ Y[:, i]))
+    rows = np.asarray(rows)
+    return rows.mean(0), rows.std(0, ddof=1) / np.sqrt(m)
+
+
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_xtrace_beats_hutchinson_by_four_on_a_k_minus_two_spectrum(dtype):
     f, x, A = _decaying(80, dtype)
@@ -163,6 +178,16 @@ def test_never_stale_a_changed_global_is_read_at_the_next_call():
         SCALE = 1.0
     np.testing.assert_allclose(t3, 3 * t1, rtol=1e-10)  # same key: the estimate is linear in the operator
     np.testing.assert_allclose(d3, 3 * d1, rtol=1e-10, atol=1e-14)
+    np.testing.assert_allclose(t3, _naive_xtrace(3 * np.asarray(A), key, 8)[0], rtol=1e-9)
+
+
+def test_xdiag_equals_its_leave_one_out_definition():
+    f, x, A = _decaying(12, jnp.float64, seed=13, power=1.0)
+    key = jax.random.PRNGKey(4)
+    diag, err = mg.diagonal_estimate(f, x, key, num_probes=11, method="xdiag")  # m = 5
+    truth, truth_err = _naive_xdiag(np.asarray(A), key, 11)
+    np.testing.assert_allclose(np.asarray(diag), truth, rtol=1e-9, atol=1e-13)
+    np.testing.assert_allclose(np.asarray(err), truth_err, rtol=1e-7, atol=1e-13)
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
