@@ -809,7 +809,9 @@ def xtrace_trace(
     :math:`Q_{(i)}` of the sketch without column :math:`i`,
 
     .. math:: t_i = \mathrm{tr}(Q_{(i)}^\top A Q_{(i)}) + c_i\,\omega_i^\top (I - Q_{(i)}Q_{(i)}^\top)
-              A (I - Q_{(i)}Q_{(i)}^\top)\omega_i, \qquad c_i = \frac{d - m + 1}{\|(I - Q_{(i)}Q_{(i)}^\top)\omega_i\|^2},
+              A (I - Q_{(i)}Q_{(i)}^\top)\omega_i,
+
+    .. math:: c_i = \frac{d - m + 1}{\|(I - Q_{(i)}Q_{(i)}^\top)\omega_i\|^2},
 
     and the estimate is their mean, the error estimate their standard deviation over :math:`\sqrt m`.
     All :math:`t_i` come from one QR by the downdating formulas (:func:`_downdating_basis`) at
@@ -818,7 +820,7 @@ def xtrace_trace(
     :math:`\mathrm{tr}A = \mathrm{tr}(PA) + \mathrm{tr}((I-P)A(I-P))` and the residual's unbiasedness (the
     direction of :math:`(I - Q_{(i)}Q_{(i)}^\top)\omega_i` is uniform in the complement, independent of
     :math:`Q_{(i)}`) hold for any square :math:`A`: the non-symmetric :math:`E = G^{-1}M` is estimated
-    without bias, exactly when its rank is below :math:`m`.
+    without bias, and exactly when its rank is below :math:`m`.
     """
     _check_x_budget(num_products, who, "xtrace")
     _check_batched(batched, who)
@@ -833,7 +835,7 @@ def xtrace_trace(
     inverse = (lambda V: V) if ginv is None else ginv
     mv = _rowwise(source, batched)
     Om = jax.random.normal(key, (m, d), dtype=dtype)
-    Om = float(np.sqrt(d)) * Om / jnp.linalg.norm(Om, axis=1, keepdims=True)  # rows uniform on the sphere of radius sqrt(d)
+    Om = float(np.sqrt(d)) * Om / jnp.linalg.norm(Om, axis=1, keepdims=True)  # uniform on the sphere, radius sqrt(d)
     Y = inverse(mv(Om))  # rows A w_i
     check_finite(Y, f"The {source.name} products", hint=_CG_HINT)
     Q, R, S = _downdating_basis(Y)
@@ -897,11 +899,14 @@ def xdiag_diagonal(
     unravel = ravel(params)[1]
     if return_info:
         ok = jnp.all(jnp.isfinite(values))
-        return unravel(mean), unravel(err), EstimateInfo(jnp.where(ok, Status.OK, Status.NON_FINITE).astype(jnp.int32), 2 * m)
+        status = jnp.where(ok, Status.OK, Status.NON_FINITE).astype(jnp.int32)
+        return unravel(mean), unravel(err), EstimateInfo(status, 2 * m)
     return unravel(mean), unravel(err)
 
 
-def diagonal_by_method(source: Products, key: jax.Array, *, method: str, num_probes: int, who: str, return_info: bool = False):
+def diagonal_by_method(
+    source: Products, key: jax.Array, *, method: str, num_probes: int, who: str, return_info: bool = False
+):
     """Dispatch ``method`` (:data:`DIAGONAL_METHODS`); ``num_probes`` is the budget of products with ``M``."""
     if method == "hutchinson":
         return hutchinson_diagonal(source, key, num_probes=num_probes, who=who, return_info=return_info)
