@@ -40,8 +40,8 @@ from ._spectral import (
     Products,
     SpectralDensity,
     certified_ends,
+    diagonal_by_method,
     fixed_block_lanczos,
-    hutchinson_diagonal,
     slq_density,
     trace_by_method,
 )
@@ -497,7 +497,7 @@ def trace_estimate(
     method: str = "hutchinson",
     return_info: bool = False,
 ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, EstimateInfo]:
-    r"""Randomized estimate of the invariant trace :math:`\mathrm{tr}(G^{-1}H)` at ``params`` (Hutchinson or Hutch++).
+    r"""Randomized estimate of the invariant trace :math:`\mathrm{tr}(G^{-1}H)` at ``params`` (Hutchinson, Hutch++, XTrace).
 
     .. math:: \mathrm{tr}(G^{-1}H) = \mathbb E_z\big[(G^{-1}z)^\top H z\big]
 
@@ -506,6 +506,11 @@ def trace_estimate(
     2021) spends a third of the same budget on a sketch :math:`Q` of the range of :math:`G^{-1}HS`,
     a third on :math:`\mathrm{tr}(Q^\top G^{-1}HQ)` exactly and the rest on Hutchinson for the
     deflated remainder: unbiased, and for a decaying spectrum far more accurate at equal cost.
+    ``method="xtrace"`` (Epperly, Tropp & Webber 2024) spends half the budget on a sketch
+    :math:`Y = G^{-1}H\Omega` and half on :math:`G^{-1}HQ`, and averages the :math:`m` Hutch++-type
+    estimates that leave one test vector out of the sketch and use it as the probe (all from one QR):
+    unbiased for the non-symmetric :math:`G^{-1}H` too (only products :math:`G^{-1}Hv` enter), exact
+    when the rank is below :math:`m`, with an error estimate from the spread of the :math:`m` estimates.
 
     Parameters
     ----------
@@ -522,16 +527,19 @@ def trace_estimate(
         ``None`` (Euclidean: :math:`\mathrm{tr}\,H`) or a Metric, e.g. ``mg.metrics.diagonal(v)``
         for Adam's second-moment estimate ``v`` (solved elementwise) or a GGN (solved by CG).
     num_probes : int, optional
-        The budget: Hessian-vector products (probes for Hutchinson; at least 3 for Hutch++); the
-        standard error falls like :math:`1/\sqrt{\text{probes}}`.
+        The budget: Hessian-vector products (probes for Hutchinson; at least 3 for Hutch++; at least
+        4 for XTrace, which uses :math:`2\lfloor\text{budget}/2\rfloor`, reported in
+        ``info.num_products``); Hutchinson's standard error falls like :math:`1/\sqrt{\text{probes}}`.
     batched : {"vmap", "map"}, optional
         ``"vmap"`` (probes vectorised) or ``"map"`` (``lax.map``, less memory).
     tol : float, optional
         Relative tolerance, in ``(0, 1)``, of the conjugate-gradient solves with a Metric.
     maxiter : int, optional
         Iteration cap of those solves, a positive int.
-    method : {"hutchinson", "hutch++"}, optional
-        The estimator; Hutch++'s standard error is that of its deflated probes (given the sketch).
+    method : {"hutchinson", "hutch++", "xtrace"}, optional
+        The estimator; Hutch++'s standard error is that of its deflated probes (given the sketch);
+        XTrace's is the standard deviation of its :math:`m` leave-one-out estimates over :math:`\sqrt m`
+        (the paper's error estimate; it tends to underestimate slightly).
     return_info : bool, optional
         Also return an :class:`~minigeo.EstimateInfo` (its :class:`~minigeo.Status`): the way to
         check the estimate under ``jit``, where nothing can be raised (a failed solve gives NaN).
@@ -544,8 +552,9 @@ def trace_estimate(
     Raises
     ------
     GeometryError
-        If ``num_probes``, ``batched``, ``tol`` or ``maxiter`` is invalid, ``params`` is not finite,
-        a diagonal metric is not positive, or (eagerly) a CG solve fails or the products are not finite.
+        If ``num_probes`` (below 4 for XTrace), ``method``, ``batched``, ``tol`` or ``maxiter`` is
+        invalid, ``params`` is not finite, a diagonal metric is not positive, or (eagerly) a CG solve
+        fails or the products are not finite.
 
     Examples
     --------
@@ -559,7 +568,10 @@ def trace_estimate(
     References
     ----------
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A.2 (the invariant trace), estimated with
-    Hutchinson probes. Chapter 4.
+    Hutchinson probes. Meyer, Musco, Musco & Woodruff (2021), *Hutch++*; Epperly, Tropp & Webber
+    (2024), *XTrace: making the most of every sample in stochastic trace estimation*, SIAM J. Matrix
+    Anal. Appl. (formulas checked against github.com/eepperly/XTrace, ``xtrace_helper.m``).
+    Chapter 4.
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
@@ -576,9 +588,10 @@ def diagonal_estimate(
     *,
     batch: Any = None,
     num_probes: int = 10,
+    method: str = "hutchinson",
     return_info: bool = False,
 ) -> tuple[PyTree, PyTree] | tuple[PyTree, PyTree, EstimateInfo]:
-    r"""Hutchinson estimate of the Hessian's diagonal, with per-entry standard errors.
+    r"""Hutchinson or XDiag estimate of the Hessian's diagonal, with per-entry standard errors.
 
     .. math:: \mathrm{diag}(H) = \mathbb E_z[z \odot Hz],\qquad
               \mathrm{Var}\big[(z\odot Hz)_i\big] = \textstyle\sum_{j \ne i} H_{ij}^2
@@ -586,6 +599,11 @@ def diagonal_estimate(
     for Rademacher :math:`z` (one Hessian-vector product per probe): unbiased, with an error falling
     like :math:`P^{-1/2}`, exact for a diagonal Hessian.  The diagonal is a chart-dependent quantity
     (for a diagonal metric :math:`w`, :math:`\mathrm{diag}(G^{-1}H) = \mathrm{diag}(H)/w`).
+    ``method="xdiag"`` (Epperly, Tropp & Webber 2024): a sketch :math:`Q` of :math:`H\Omega` from half
+    the budget, :math:`\mathrm{diag}(QQ^\top H)` exactly from the other half, and Hutchinson on the
+    remainder with each test vector left out of the sketch in turn; far more accurate for a decaying
+    spectrum, exact for rank below :math:`m = \lfloor\text{budget}/2\rfloor`.  Its error estimate is the
+    spread of the :math:`m` leave-one-out diagonals over :math:`\sqrt m`, entry by entry.
 
     Parameters
     ----------
@@ -598,7 +616,9 @@ def diagonal_estimate(
     batch : pytree, optional
         The data: with ``batch``, ``f`` is called as ``f(params, batch)``; without, ``f(params)``.
     num_probes : int, optional
-        Probes :math:`P` (Hessian-vector products).
+        The budget: Hessian-vector products (probes :math:`P` for Hutchinson; at least 4 for XDiag).
+    method : {"hutchinson", "xdiag"}, optional
+        The estimator.
     return_info : bool, optional
         Also return an :class:`~minigeo.EstimateInfo`.
 
@@ -610,8 +630,8 @@ def diagonal_estimate(
     Raises
     ------
     GeometryError
-        If ``num_probes`` is not a positive int, ``key`` is not a PRNG key, or (eagerly) the products
-        are not finite.
+        If ``num_probes`` is not a positive int (below 4 for XDiag), ``method`` is unknown, ``key`` is
+        not a PRNG key, or (eagerly) the products are not finite.
 
     Examples
     --------
@@ -625,13 +645,14 @@ def diagonal_estimate(
     References
     ----------
     No formula from the source papers: Bekas, Kokiopoulou & Saad (2007), *An estimator for the
-    diagonal of a matrix*. Chapter 4.
+    diagonal of a matrix*; XDiag: Epperly, Tropp & Webber (2024) (``xdiag.m`` of
+    github.com/eepperly/XTrace). Chapter 4.
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
-    return hutchinson_diagonal(
-        _point_products(bind_batch(f, batch), params), key, num_probes=num_probes, who="diagonal_estimate",
-        return_info=return_info,
+    return diagonal_by_method(
+        _point_products(bind_batch(f, batch), params), key, method=method, num_probes=num_probes,
+        who="diagonal_estimate", return_info=return_info,
     )
 
 

@@ -35,7 +35,7 @@ from ._spectral import (
     SpectralDensity,
     certified_ends,
     check_num_probes,
-    hutchinson_diagonal,
+    diagonal_by_method,
     slq_density,
     slq_logdet,
     trace_by_method,
@@ -620,7 +620,7 @@ class CurvatureOperator:
         method: str = "hutchinson",
         return_info: bool = False,
     ) -> tuple[jax.Array, jax.Array]:
-        r"""Hutchinson (one pass) or Hutch++ (three passes) estimate of :math:`\mathrm{tr}(G^{-1}M)` over the dataset.
+        r"""Hutchinson (one pass), Hutch++ (three) or XTrace (two) estimate of :math:`\mathrm{tr}(G^{-1}M)` over the dataset.
 
         .. math:: \mathrm{tr}(G^{-1}M) \approx \frac1P\sum_{p=1}^P u_p^\top M z_p,\qquad u_p = G^{-1}z_p.
 
@@ -649,9 +649,9 @@ class CurvatureOperator:
             Show a progress bar.
         max_batches : int, optional
             Use at most this many batches (required for an iterable without a length).
-        method : {"hutchinson", "hutch++"}, optional
+        method : {"hutchinson", "hutch++", "xtrace"}, optional
             As in :func:`~minigeo.trace_estimate`; ``num_probes`` is the budget of products, and
-            Hutch++ passes over the data three times (``batches`` must allow it).
+            Hutch++ passes over the data three times, XTrace twice (``batches`` must allow it).
         return_info : bool, optional
             Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
 
@@ -686,8 +686,8 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), App. A.2 (the Riemannian trace :math:`\mathrm{tr}(G^{-1}H)`).
         Taught in chapter 4, *Invariant Hessians*.
         """
-        if method == "hutch++":
-            fresh = _many_passes(batches, f"{self.name}.trace_estimate (hutch++)", max_batches)
+        if method in ("hutch++", "xtrace"):
+            fresh = _many_passes(batches, f"{self.name}.trace_estimate ({method})", max_batches)
         else:
             data = _one_pass(batches, self.name, max_batches)  # before the probes' solves: a finite pass
             fresh = lambda: data
@@ -717,14 +717,15 @@ class CurvatureOperator:
         *,
         num_probes: int = 10,
         max_batches: int | None = None,
+        method: str = "hutchinson",
         return_info: bool = False,
     ) -> tuple[PyTree, PyTree]:
-        r"""Hutchinson estimate of :math:`\mathrm{diag}(M)` over the dataset, in one pass, with standard errors.
+        r"""Hutchinson (one pass) or XDiag (two passes) estimate of :math:`\mathrm{diag}(M)` over the dataset, with standard errors.
 
         .. math:: \mathrm{diag}(M) = \mathbb E_z[z \odot Mz].
 
-        The estimator of :func:`~minigeo.diagonal_estimate`: all probes are multiplied in one pass
-        (``vmap``-ed per batch).
+        The estimators of :func:`~minigeo.diagonal_estimate`: all probes are multiplied in one pass
+        (``vmap``-ed per batch); XDiag passes twice (the sketch, then its basis).
 
         Parameters
         ----------
@@ -733,9 +734,11 @@ class CurvatureOperator:
         batches : sequence or callable
             A finite sized sequence of batches, or a function returning one.
         num_probes : int, optional
-            Probes :math:`P`.
+            The budget of products: probes :math:`P` for Hutchinson, at least 4 for XDiag.
         max_batches : int, optional
             Use at most this many batches (required for an iterable without a length).
+        method : {"hutchinson", "xdiag"}, optional
+            As in :func:`~minigeo.diagonal_estimate`.
         return_info : bool, optional
             Also return an :class:`~minigeo.EstimateInfo`.
 
@@ -764,12 +767,18 @@ class CurvatureOperator:
 
         References
         ----------
-        No formula from the source papers: Bekas, Kokiopoulou & Saad (2007). Chapter 4.
+        No formula from the source papers: Bekas, Kokiopoulou & Saad (2007); XDiag: Epperly, Tropp &
+        Webber (2024). Chapter 4.
         """
-        data = _one_pass(batches, self.name, max_batches)
-        source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, data))
-        return hutchinson_diagonal(
-            source, key, num_probes=num_probes, who=f"{self.name}.diagonal_estimate", return_info=return_info
+        if method == "xdiag":
+            fresh = _many_passes(batches, f"{self.name}.diagonal_estimate (xdiag)", max_batches)
+        else:
+            data = _one_pass(batches, self.name, max_batches)
+            fresh = lambda: data
+        source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, fresh()))
+        return diagonal_by_method(
+            source, key, method=method, num_probes=num_probes, who=f"{self.name}.diagonal_estimate",
+            return_info=return_info,
         )
 
     def restrict(self, paths: Any) -> "CurvatureOperator":
