@@ -58,6 +58,12 @@ def _label(path: tuple) -> str:
     return "/".join(str(k) for k in path)
 
 
+def _start(idx: np.ndarray, ndim: int) -> list:
+    """The start indices of a sub-array, as int32 array entries (not literals: one program per shape)."""
+    full = jnp.asarray(np.concatenate([idx, np.zeros(ndim - idx.shape[0], np.int32)]))
+    return [full[i] for i in range(ndim)]
+
+
 def restriction(params: PyTree, paths: Any, who: str) -> Restriction:
     """Parse ``paths`` (selectors) against ``params``; :class:`GeometryError` names a bad one and the valid ones."""
     flat = jax.tree_util.tree_leaves_with_path(params)
@@ -80,7 +86,7 @@ def restriction(params: PyTree, paths: Any, who: str) -> Restriction:
             index = tuple(int(i) for i in sel[1])
         else:
             raise GeometryError(
-                f"{who}: {sel!r} names no leaf of the parameters (a path is a tuple of keys; a sub-array is "
+                f"{who}: the parameters have no leaf at {sel!r} (a path is a tuple of keys; a sub-array is "
                 f"(path, index) with index a tuple of ints). The leaves (with shapes) are: {listing}."
             )
         if path not in available:
@@ -115,7 +121,7 @@ def restriction(params: PyTree, paths: Any, who: str) -> Restriction:
         if idx is None:
             return leaf
         n = idx.shape[0]
-        start = [jnp.asarray(idx)[i] for i in range(n)] + [0] * (leaf.ndim - n)
+        start = _start(idx, leaf.ndim)
         return jax.lax.dynamic_slice(leaf, start, (1,) * n + leaf.shape[n:]).reshape(leaf.shape[n:])
 
     def put(leaf: jax.Array, key: Any, value: jax.Array) -> jax.Array:
@@ -123,7 +129,7 @@ def restriction(params: PyTree, paths: Any, who: str) -> Restriction:
         if idx is None:
             return jnp.asarray(value, leaf.dtype).reshape(leaf.shape)
         n = idx.shape[0]
-        start = [jnp.asarray(idx)[i] for i in range(n)] + [0] * (leaf.ndim - n)
+        start = _start(idx, leaf.ndim)
         return jax.lax.dynamic_update_slice(leaf, jnp.asarray(value, leaf.dtype).reshape((1,) * n + leaf.shape[n:]), start)
 
     def embed(sub: dict, base_leaves: list) -> PyTree:
