@@ -38,7 +38,7 @@ from ._estimators import (
 from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan
 from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded
 from ._status import Status, first_failure, raise_for_status
-from ._metric import Metric, metric_field
+from ._metric import Metric, _matrix_field, metric_field
 from ._tree import PyTree, ravel, tree_size
 
 __all__ = [
@@ -781,6 +781,12 @@ def _checked_inverse_block(metric: Metric | None, params: PyTree, tol: float, ma
         return None
     if metric.diagonal_fn is not None:
         return jax.vmap(lambda v: _flat_inverse(params, metric, v, tol, maxiter))
+    if metric.matrix_fn is not None:  # a dense metric: one Cholesky factor, exact solves (no CG)
+        G = _matrix_field(metric)(params)
+        L = jnp.linalg.cholesky(G)
+        if not bool(jnp.all(jnp.isfinite(L))):
+            raise GeometryError(f"{who}: the dense metric is not positive definite at params (its Cholesky factor failed).")
+        return lambda V: jsl.cho_solve((L, True), V.T).T
 
     def ginv_block(V: jax.Array) -> jax.Array:
         run = _compiled_block_solves if _compilable(metric) else _block_solves

@@ -23,13 +23,17 @@ def _pencil(d, eigs, dtype, seed=0, metric=True):
     Q, _ = np.linalg.qr(r.normal(size=(d, d)))
     w = r.uniform(0.3, 3.0, size=d) if metric else np.ones(d)
     w = np.asarray(jnp.asarray(w, dtype), np.float64)
-    G = np.diag(w)  # a diagonal metric: solved elementwise (a CG-solved one is tested elsewhere)
+    G = np.diag(w)  # a diagonal metric: solved elementwise
+    if metric == "dense":  # a dense one: Cholesky-solved
+        B = r.normal(size=(d, d)) / np.sqrt(d) + np.eye(d)
+        G = np.asarray(jnp.asarray(B @ B.T + 0.5 * np.eye(d), dtype), np.float64)
     L = np.linalg.cholesky(G)
     H = L @ Q @ np.diag(eigs) @ Q.T @ L.T  # G^{-1}H = L^{-T} (Q diag Q^T) L^T: spectrum eigs
     H = 0.5 * (H + H.T)
     Hj = jnp.asarray(H, dtype)
     f = lambda x: 0.5 * x @ Hj @ x
     met = mg.metrics.diagonal(jnp.asarray(w, dtype)) if metric else None
+    met = mg.dense_metric(jnp.asarray(G, dtype)) if metric == "dense" else met
     return f, jnp.zeros(d, dtype), np.asarray(Hj, np.float64), np.asarray(jnp.asarray(G, dtype), np.float64), met
 
 
@@ -47,7 +51,7 @@ def _check_pairs(pairs, H, G, dtype, rtol):
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
-@pytest.mark.parametrize("metric", [False, True])
+@pytest.mark.parametrize("metric", [False, True, "dense"])
 def test_vectors_match_dense_eigh(dtype, metric):
     eigs = np.linspace(-1.0, 3.0, 12) ** 3
     f, x, H, G, met = _pencil(12, eigs, dtype, metric=metric)
