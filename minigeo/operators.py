@@ -768,19 +768,25 @@ class CurvatureOperator:
 
         Parameters
         ----------
-        paths : sequence of tuple
-            The leaves to keep, each a tuple of keys as in ``jax.tree_util.tree_leaves_with_path``
-            (``("layer1", "w")``, ``("blocks", 0, "wq")``); a single key is a path of length one.
+        paths : sequence
+            What to keep, a list of selectors: a *path* (a tuple of keys as in
+            ``jax.tree_util.tree_leaves_with_path``, ``("layer1", "w")``, ``("blocks", 0, "wq")``; a
+            single key is a path of length one) keeps a whole leaf; a pair ``(path, index)``, ``index``
+            a tuple of non-negative ints, keeps the sub-array ``leaf[index]`` (its leading axes fixed):
+            ``(("blocks", "attn", "W_q"), (0, 2))`` is layer 0, head 2 of a leaf stacked as
+            ``(layers, heads, ...)``.  A single path may be passed bare; a single pair goes in a list.
 
         Returns
         -------
         :class:`~minigeo.CurvatureOperator`
-            Its ``params`` is the dict ``{path: leaf}`` of the kept leaves (a pytree).
+            Its ``params`` is the dict ``{key: sub-array}`` of the kept entries (a pytree), ``key`` the
+            path, or ``path + (index,)`` for a sub-array.
 
         Raises
         ------
         GeometryError
-            If a path names no leaf (the message lists the leaves) or ``paths`` is empty.
+            If a path names no leaf, an index is out of range for its leaf, two selections overlap
+            or ``paths`` is empty (the message lists the leaves and their shapes).
 
         Examples
         --------
@@ -791,6 +797,11 @@ class CurvatureOperator:
         >>> Hb = H.restrict([("b",)])
         >>> Hb.dataset_mv(Hb.params, [jnp.eye(2)])          # 12 b^2 on the b block only
         {('b',): Array([12.], dtype=float32)}
+        >>> W = {"w": jnp.arange(1.0, 7.0).reshape(2, 3)}    # e.g. (heads, features)
+        >>> Hw = mg.hessian_operator(lambda p, x: jnp.mean(jnp.sum(p["w"] ** 3)), W)
+        >>> Hw1 = Hw.restrict([("w", (1,))])                 # row 1 only: 6 w on the diagonal
+        >>> Hw1.dataset_mv({("w", (1,)): jnp.ones(3)}, [jnp.ones(1)])
+        {('w', (1,)): Array([24., 30., 36.], dtype=float32)}
 
         References
         ----------
