@@ -77,14 +77,16 @@ def block_lanczos(
     *,
     key: jax.Array,
     breakdown_tol: float | None = None,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
+    return_basis: bool = False,
+) -> tuple[jax.Array, ...]:
     """``m`` block Lanczos steps of ``E = G^{-1}H`` from the start covectors ``Z`` (``(p, d)``), on the device.
 
     ``apply_h`` and ``apply_ginv`` act on one flat vector (``None``: ``G = I``); they are ``vmap``-ed
     over the block.  The start block is ``G^{-1} Z`` ``G``-orthonormalized.  Returns
     ``(T, alive, M)``: the ``(m p, m p)`` projected matrix ``T = Q H Q^T``, the ``(m p,)`` mask of
     live basis rows (dead rows only once the basis spans all ``d`` dimensions) and the ``(p, p)``
-    ``G``-Gram matrix ``M = R G R^T`` of the last residual block ``R`` (for the certificate).
+    ``G``-Gram matrix ``M = R G R^T`` of the last residual block ``R`` (for the certificate);
+    ``return_basis``: also the ``(m p, d)`` ``G``-orthonormal basis ``Q`` (for Ritz vectors).
     ``jit``-compatible: ``m`` and the shapes are static.
     """
     p, d = Z.shape
@@ -173,6 +175,8 @@ def block_lanczos(
     Q, W, T, alive, scale = jax.lax.fori_loop(0, m - 1, body, (Q, W, T, alive, scale0))
     T, Hres, Vres, _ = step(m - 1, Q, W, T, scale)
     M = Vres @ Hres.T
+    if return_basis:
+        return 0.5 * (T + T.T), alive, 0.5 * (M + M.T), Q
     return 0.5 * (T + T.T), alive, 0.5 * (M + M.T)
 
 
@@ -303,6 +307,10 @@ class ResumableBlockLanczos:
         T = self._T[:n, :n]
         return jnp.asarray(0.5 * (T + T.T)), jnp.asarray(np.asarray(self.alive[:n], bool)), jnp.asarray(0.5 * (M + M.T))
 
+    def basis(self, m: int) -> jax.Array:
+        """The ``G``-orthonormal basis rows ``Q`` of the first ``m`` block steps (``(m p, d)``), for Ritz vectors."""
+        return jnp.asarray(self._Q[: m * self.p])
+
     def _res_at(self, m: int) -> tuple[np.ndarray, np.ndarray]:
         if m != self.blocks:
             raise GeometryError(f"Lanczos: the residual of block {m} is gone; {self.blocks} blocks were run.")
@@ -313,14 +321,17 @@ class ResumableBlockLanczos:
 # ---------------------------------------------------------------------------
 # Rayleigh-Ritz and the certificate (shared by the function and the operator)
 # ---------------------------------------------------------------------------
-def ritz_certificate(T: jax.Array, alive: jax.Array, M: jax.Array, k: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+def ritz_certificate(
+    T: jax.Array, alive: jax.Array, M: jax.Array, k: int, return_vectors: bool = False
+) -> tuple[jax.Array, ...]:
     r"""The top ``k`` Ritz values of ``T`` and the Kahan bounds of their leading sets.
 
     ``bounds[i] = ||E Y_i - Y_i Theta_i||_2`` (``G``-norm) for the ``G``-orthonormal Ritz vectors
     ``Y_i`` of the ``i + 1`` largest Ritz values.  By Kahan's theorem the ``i + 1`` values match
     ``i + 1`` eigenvalues of ``E`` **counted with multiplicity** within ``bounds[i]``.  Dead rows of
     ``T`` are pushed below the spectrum.  Returns ``(theta, bounds, valid)``, ``valid`` False where a
-    value comes from a dead row (fewer live directions than ``k``).
+    value comes from a dead row (fewer live directions than ``k``).  ``return_vectors``: also the
+    ``(m p, k)`` eigenvectors ``S`` of ``T`` (the Ritz vectors are ``Q^T S``).
     """
     N = T.shape[0]
     p = M.shape[0]
@@ -332,6 +343,8 @@ def ritz_certificate(T: jax.Array, alive: jax.Array, M: jax.Array, k: int) -> tu
     Sl = S[N - p :]
     B = Sl.T @ M @ Sl  # the G-Gram matrix of the residuals E y_i - theta_i y_i
     bounds = jnp.stack([jnp.sqrt(jnp.maximum(jnp.linalg.eigvalsh(B[: i + 1, : i + 1])[-1], 0.0)) for i in range(k)])
+    if return_vectors:
+        return theta, bounds, theta > -big / 2, S
     return theta, bounds, theta > -big / 2
 
 
@@ -360,7 +373,8 @@ def certified_top_eigenvalues(
     what: str,
     count_products: Callable[[], int] | None = None,
     with_status: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
+    vectors: bool = False,
+) -> jax.Array | tuple[jax.Array, ...]:
     """The top-``k`` Ritz values of ``projected(m) -> (T, alive, M)`` (``m`` block steps of ``p``), certified.
 
     ``num_iterations`` counts products with ``E`` (the Krylov dimension, rounded up to whole blocks);
@@ -368,33 +382,39 @@ def certified_top_eigenvalues(
     top ``k`` are certified or the basis spans all ``d`` dimensions.  Uncertified values raise when
     ``eager`` and are NaN otherwise (``rtol=None``: no certification).  ``with_status``: also return
     the :class:`~minigeo.Status` (``NON_FINITE`` for a non-finite projected matrix, ``UNCERTIFIED``
-    when a value is NaN for want of a certificate, else ``OK``).
+    when a value is NaN for want of a certificate, else ``OK``).  ``vectors``: ``projected(m)``
+    returns ``(T, alive, M, Q)`` with the basis ``Q`` (``(m p, d)``), and the result gains the
+    ``(k, d)`` Ritz vectors ``Y = S^T Q`` after the values (``G``-orthonormal; a row is NaN where its
+    value is: only certified pairs are returned).
     """
 
-    def out(values: jax.Array, T: jax.Array) -> jax.Array | tuple[jax.Array, jax.Array]:
+    def out(values: jax.Array, T: jax.Array, Y: Any = None) -> jax.Array | tuple[jax.Array, ...]:
+        head = (values,) if Y is None else (values, jnp.where(jnp.isnan(values)[:, None], jnp.nan, Y))
         if not with_status:
-            return values
+            return head[0] if Y is None else head
         status = jnp.where(
             ~jnp.all(jnp.isfinite(T)), Status.NON_FINITE, jnp.where(jnp.all(jnp.isfinite(values)), Status.OK, Status.UNCERTIFIED)
         ).astype(jnp.int32)
-        return values, status
+        return (*head, status)
 
     if rtol is not None and not (isinstance(rtol, (int, float, np.floating)) and rtol > 0):
         raise GeometryError(f"top_eigenvalues: rtol must be positive or None, got {rtol!r}.")
     n = min(num_iterations, d) if num_iterations is not None else min(d, default_num_products(k, p))
     m = max(1, -(-n // p))
     while True:
-        T, alive, M = projected(m)
+        run = projected(m)
+        T, alive, M = run[:3]
         check_finite(T, "The Lanczos projected matrix", hint=f"The {what} products are not finite.")
-        theta, bounds, valid = ritz_certificate(T, alive, M, k)
+        theta, bounds, valid, *S = ritz_certificate(T, alive, M, k, return_vectors=vectors)
+        Y = (S[0].T @ run[3]) if vectors else None  # the Ritz vectors, G-orthonormal rows
         if eager:
             last_run.update(blocks=m, block_size=p, products=count_products() if count_products is not None else m * p)
         if rtol is None:
-            return out(jnp.where(valid, theta, jnp.nan), T)
+            return out(jnp.where(valid, theta, jnp.nan), T, Y)
         ok, allowed = _accepted(theta, bounds, valid, T, rtol)
         certified = jnp.where(ok, theta, jnp.nan)
         if not eager or bool(jnp.all(ok)):
-            return out(certified, T)
+            return out(certified, T, Y)
         if num_iterations is None and m * p < d:
             m = max(m + 1, -(-3 * m // 2))
             continue

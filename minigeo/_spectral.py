@@ -38,12 +38,12 @@ from ._estimators import (
 from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan
 from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded
 from ._status import Status, first_failure, raise_for_status
-from ._metric import Metric, metric_field
+from ._metric import Metric, _matrix_field, metric_field
 from ._tree import PyTree, ravel, tree_size
 
 __all__ = [
     "Products", "EstimateInfo", "SpectralDensity", "hutchinson_trace", "certified_top", "slq_logdet", "slq_density",
-    "certified_ends", "negated", "WHICH",
+    "certified_ends", "negated", "WHICH", "Eigenpairs",
     "TRACE_METHODS", "hutchpp_trace", "trace_by_method", "hutchinson_diagonal",
     "check_num_probes",
     "xtrace_trace", "DIAGONAL_METHODS", "xdiag_diagonal", "diagonal_by_method",
@@ -83,6 +83,45 @@ class EstimateInfo(NamedTuple):
 
     status: jax.Array
     num_products: Any
+
+
+class Eigenpairs(NamedTuple):
+    r"""Certified eigenpairs of :math:`E = G^{-1}M` (``top_eigenvalues(..., return_vectors=True)``).
+
+    .. math:: M v_i = \lambda_i\, G v_i,\qquad v_i^\top G\, v_j = \delta_{ij}.
+
+    Attributes
+    ----------
+    values : jax.Array
+        The ``k`` eigenvalues, ordered as ``top_eigenvalues`` returns them (decreasing for
+        ``"largest"``, increasing for ``"smallest"``).
+    vectors : pytree
+        The eigenvectors (Ritz vectors), a pytree structured like the parameters with a leading
+        axis of length ``k`` (``vectors`` leaf ``[i]`` belongs to ``values[i]``); ``G``-orthonormal
+        (Euclidean-orthonormal without a metric).  Certified as the values are: the residual
+        :math:`\|Ev_i - \lambda_i v_i\|_G` of each pair is at most the Kahan bound that certified
+        the values (``rtol`` times their scale).  Inside a cluster of (near-)repeated eigenvalues the
+        individual vectors are any orthonormal basis of the cluster's eigenspace; only their span is
+        determined.  Under ``jit``, a pair whose value is not certified is NaN (value and vector).
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> f = lambda x: 0.5 * jnp.sum(jnp.array([1.0, 4.0, 2.0]) * x**2)
+    >>> pairs = mg.top_eigenvalues(f, jnp.zeros(3), jax.random.PRNGKey(0), return_vectors=True)
+    >>> pairs.values.round(4), jnp.abs(pairs.vectors).round(4)
+    (Array([4.], dtype=float32), Array([[0., 1., 0.]], dtype=float32))
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (:math:`E` is self-adjoint for the
+    :math:`G`-inner product, so its eigenvectors are :math:`G`-orthogonal); Parlett, *The
+    Symmetric Eigenvalue Problem*, ch. 11 (Rayleigh-Ritz). Chapters 4 and 7.
+    """
+
+    values: Any
+    vectors: Any
 
 
 class Products(NamedTuple):
@@ -289,11 +328,12 @@ _compiled_block_solves = jit_per_callable(_block_solves, static_argnames=("tol",
 
 def fixed_block_lanczos(
     flat_mv: Callable[[jax.Array], jax.Array], params: PyTree, metric: Metric | None, Z: jax.Array, key: jax.Array, *,
-    m: int, tol: float, maxiter: Any,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    """``m`` block Lanczos steps of ``G^{-1}M`` from the start block ``Z``: ``(T, alive, M)`` (see :func:`block_lanczos`)."""
+    m: int, tol: float, maxiter: Any, basis: bool = False,
+) -> tuple[jax.Array, ...]:
+    """``m`` block Lanczos steps of ``G^{-1}M`` from the start block ``Z``: ``(T, alive, M)`` (see :func:`block_lanczos`);
+    ``basis``: also the basis ``Q``."""
     Ginv = None if metric is None else (lambda v: _flat_inverse(params, metric, v, tol, maxiter))
-    return block_lanczos(flat_mv, Ginv, Z, m, key=key)
+    return block_lanczos(flat_mv, Ginv, Z, m, key=key, return_basis=basis)
 
 
 def certified_top(
@@ -309,8 +349,12 @@ def certified_top(
     block_size: int | None,
     who: str,
     return_info: bool = False,
-) -> jax.Array | tuple[jax.Array, EstimateInfo]:
+    return_vectors: bool = False,
+) -> Any:
     """The ``k`` largest eigenvalues of ``G^{-1}M``, certified (see :func:`minigeo.top_eigenvalues`).
+
+    ``return_vectors``: an :class:`Eigenpairs` (the Ritz vectors as pytrees like ``params``, stacked
+    on axis 0) instead of the values.
 
     Eager and adaptive (``num_iterations=None``): the device run at the default size first (as under
     ``jit``), then one Krylov space in host memory extended block by block; a source without a device
@@ -336,10 +380,11 @@ def certified_top(
 
     host: list = []  # the host run, built only when needed
 
-    def on_host(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
+    def on_host(m: int) -> tuple[jax.Array, ...]:
         if not host:
             host.append(ResumableBlockLanczos(source.block_mv, ginv_block, Z, key=restart_key))
-        return host[0].projected(m, steps=source.steps) if source.steps is not None else host[0].projected(m)
+        run = host[0].projected(m, steps=source.steps) if source.steps is not None else host[0].projected(m)
+        return (*run, host[0].basis(m)) if return_vectors else run
 
     cg_metric = metric is not None and metric.diagonal_fn is None
     # eagerly, a metric solved by CG runs on the host, where each block's solves are checked
@@ -351,15 +396,19 @@ def certified_top(
             if adaptive and m != m0:
                 return on_host(m)
             device_products[0] += m * p
+            if return_vectors:
+                return source.fixed(metric, Z, restart_key, m, compiled and eager, basis=True, **options)
             return source.fixed(metric, Z, restart_key, m, compiled and eager, **options)
 
     else:
         projected = on_host
 
     count = (lambda: device_products[0] + (host[0].products if host else 0)) if eager else None
-    values, status = certified_top_eigenvalues(
-        projected, d, k, p, num_iterations, rtol, eager, source.name, count, with_status=True
+    values, *vectors, status = certified_top_eigenvalues(
+        projected, d, k, p, num_iterations, rtol, eager, source.name, count, with_status=True, vectors=return_vectors
     )
+    if return_vectors:
+        values = Eigenpairs(values, jax.vmap(ravel(params)[1])(vectors[0]))
     if return_info:
         used = count() if count is not None else -(-min(num_iterations or default_num_products(k, p), d) // p) * p
         return values, EstimateInfo(status, used)
@@ -377,8 +426,8 @@ def negated(source: Products) -> Products:
     if source.fixed is not None:
 
         def fixed(metric, Z, key, m, compiled, **options):
-            T, alive, M = source.fixed(metric, Z, key, m, compiled, **options)
-            return -T, alive, M
+            T, alive, M, *Q = source.fixed(metric, Z, key, m, compiled, **options)
+            return (-T, alive, M, *Q)
 
     return source._replace(name=f"-{source.name}", terms=terms, block_mv=lambda V: -source.block_mv(V), fixed=fixed)
 
@@ -387,18 +436,25 @@ WHICH = ("largest", "smallest", "both")
 
 
 def certified_ends(
-    source: Products, key: jax.Array, metric: Any, *, which: str, return_info: bool = False, who: str, **options: Any
+    source: Products, key: jax.Array, metric: Any, *, which: str, return_info: bool = False, who: str,
+    return_vectors: bool = False, **options: Any
 ) -> Any:
     """``which`` end of the spectrum of ``G^{-1}M``, certified: ``"largest"`` (decreasing), ``"smallest"``
-    (increasing: the most negative first), or ``"both"``: ``(largest, smallest)`` from two runs."""
+    (increasing: the most negative first), or ``"both"``: ``(largest, smallest)`` from two runs.
+    ``return_vectors``: :class:`Eigenpairs` in place of the values (the smallest end's vectors are
+    those of :math:`-M`'s top values, the same eigenvectors)."""
     if which not in WHICH:
         raise GeometryError(f"{who}: which must be one of {WHICH}, got {which!r}.")
+    if not isinstance(return_vectors, bool):
+        raise GeometryError(f"{who}: return_vectors must be True or False, got {return_vectors!r}.")
+    options.update(return_vectors=return_vectors)
     ends = []
     if which in ("largest", "both"):
         ends.append(certified_top(source, key, metric, who=who, return_info=True, **options))
     if which in ("smallest", "both"):
         values, info = certified_top(negated(source), key, metric, who=who, return_info=True, **options)
-        ends.append((-values, info))
+        values = values._replace(values=-values.values) if return_vectors else -values
+        ends.append((values, info))
     values = ends[0][0] if len(ends) == 1 else (ends[0][0], ends[1][0])
     if not return_info:
         return values
@@ -728,6 +784,12 @@ def _checked_inverse_block(metric: Metric | None, params: PyTree, tol: float, ma
         return None
     if metric.diagonal_fn is not None:
         return jax.vmap(lambda v: _flat_inverse(params, metric, v, tol, maxiter))
+    if metric.matrix_fn is not None:  # a dense metric: one Cholesky factor, exact solves (no CG)
+        G = _matrix_field(metric)(params)
+        L = jnp.linalg.cholesky(G)
+        if not bool(jnp.all(jnp.isfinite(L))):
+            raise GeometryError(f"{who}: the dense metric is not positive definite at params (its Cholesky factor failed).")
+        return lambda V: jsl.cho_solve((L, True), V.T).T
 
     def ginv_block(V: jax.Array) -> jax.Array:
         run = _compiled_block_solves if _compilable(metric) else _block_solves

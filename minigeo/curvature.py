@@ -36,6 +36,7 @@ from ._checks import (
 )
 from ._compile import bind_batch, jit_per_callable, one_trace_per_call
 from ._spectral import (
+    Eigenpairs,
     EstimateInfo,
     Products,
     SpectralDensity,
@@ -45,6 +46,7 @@ from ._spectral import (
     slq_density,
     trace_by_method,
 )
+from ._restrict import restricted_loss
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel
 from ._metric import Metric, _matrix_field, metric_field
 
@@ -63,6 +65,7 @@ __all__ = [
     "diagonal_estimate",
     "EstimateInfo",
     "SpectralDensity",
+    "Eigenpairs",
 ]
 
 
@@ -496,6 +499,7 @@ def trace_estimate(
     maxiter: int | None = None,
     method: str = "hutchinson",
     return_info: bool = False,
+    paths: Any = None,
 ) -> tuple[jax.Array, jax.Array] | tuple[jax.Array, jax.Array, EstimateInfo]:
     r"""Randomized estimate of the invariant trace :math:`\mathrm{tr}(G^{-1}H)` at ``params`` (Hutchinson, Hutch++, XTrace).
 
@@ -543,6 +547,9 @@ def trace_estimate(
     return_info : bool, optional
         Also return an :class:`~minigeo.EstimateInfo` (its :class:`~minigeo.Status`): the way to
         check the estimate under ``jit``, where nothing can be raised (a failed solve gives NaN).
+    paths : optional
+        The trace of the sub-block :math:`H_{SS}` on these leaves or sub-arrays (as in
+        :func:`~minigeo.top_eigenvalues`); ``metric`` then lives on the block.
 
     Returns
     -------
@@ -575,8 +582,9 @@ def trace_estimate(
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
+    f, params = _on_block(bind_batch(f, batch), params, paths, "trace_estimate")
     return trace_by_method(
-        _point_products(bind_batch(f, batch), params), key, metric, method=method, num_probes=num_probes, batched=batched,
+        _point_products(f, params), key, metric, method=method, num_probes=num_probes, batched=batched,
         tol=tol, maxiter=maxiter, who="trace_estimate", return_info=return_info,
     )
 
@@ -590,6 +598,7 @@ def diagonal_estimate(
     num_probes: int = 10,
     method: str = "hutchinson",
     return_info: bool = False,
+    paths: Any = None,
 ) -> tuple[PyTree, PyTree] | tuple[PyTree, PyTree, EstimateInfo]:
     r"""Hutchinson or XDiag estimate of the Hessian's diagonal, with per-entry standard errors.
 
@@ -621,6 +630,9 @@ def diagonal_estimate(
         The estimator.
     return_info : bool, optional
         Also return an :class:`~minigeo.EstimateInfo`.
+    paths : optional
+        The diagonal of the sub-block on these leaves or sub-arrays only (as in
+        :func:`~minigeo.top_eigenvalues`): pytrees structured like the block's dict ``{key: sub-array}``.
 
     Returns
     -------
@@ -650,8 +662,9 @@ def diagonal_estimate(
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
+    f, params = _on_block(bind_batch(f, batch), params, paths, "diagonal_estimate")
     return diagonal_by_method(
-        _point_products(bind_batch(f, batch), params), key, method=method, num_probes=num_probes,
+        _point_products(f, params), key, method=method, num_probes=num_probes,
         who="diagonal_estimate", return_info=return_info,
     )
 
@@ -672,7 +685,9 @@ def top_eigenvalues(
     block_size: int | None = None,
     which: str = "largest",
     return_info: bool = False,
-) -> jax.Array | tuple[jax.Array, EstimateInfo]:
+    return_vectors: bool = False,
+    paths: Any = None,
+) -> Any:
     r"""The ``k`` largest (or smallest) eigenvalues of :math:`E = G^{-1}H`, counted with multiplicity, by block Lanczos, certified.
 
     .. math:: \langle u, Ev\rangle_G = u^\top G\,G^{-1}H v = u^\top H v,
@@ -767,12 +782,27 @@ def top_eigenvalues(
         Also return an :class:`~minigeo.EstimateInfo`: ``status`` ``UNCERTIFIED`` when values are NaN
         for want of a certificate (under ``jit``), ``NON_FINITE`` for non-finite products or a failed
         solve; ``num_products`` the products with :math:`H`.
+    return_vectors : bool, optional
+        Return :class:`~minigeo.Eigenpairs` ``(values, vectors)`` instead of the values: the
+        eigenvectors :math:`v_i` (:math:`Hv_i = \lambda_i G v_i`), pytrees like ``params`` stacked on
+        a leading axis of length ``k``, :math:`G`-orthonormal (:math:`v_i^\top G v_j = \delta_{ij}`;
+        Ritz vectors :math:`Y = Q^\top S` of the same run, no extra products).  Certified with the
+        values: each pair's residual :math:`\|Ev_i - \lambda_i v_i\|_G` is within the bound that
+        certified the values; within a cluster of repeated eigenvalues only the span is determined.
+        Under ``jit`` an uncertified pair is NaN.  Memory: the basis is returned from the device run.
+    paths : optional
+        Restrict :math:`H` to a block of the parameters (the principal sub-block :math:`H_{SS}`,
+        every other entry fixed at ``params``): leaves as paths, e.g. ``[("blocks", "attn", "W_q")]``,
+        or sub-arrays as ``(path, index)``, e.g. ``[(("blocks", "attn", "W_q"), (0, 2))]`` for layer
+        0, head 2 (see :meth:`~minigeo.CurvatureOperator.restrict`, the same code).  ``metric`` and the
+        vectors then live on the restricted parameters, the dict ``{key: sub-array}``.
 
     Returns
     -------
-    jax.Array
+    jax.Array or Eigenpairs
         The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated (``"smallest"``:
-        increasing; ``"both"``: a pair); ``(values, info)`` with ``return_info``.
+        increasing; ``"both"``: a pair); :class:`~minigeo.Eigenpairs` with ``return_vectors`` (a pair
+        of them for ``"both"``); ``(result, info)`` with ``return_info``.
 
     Raises
     ------
@@ -791,6 +821,13 @@ def top_eigenvalues(
     >>> key = jax.random.PRNGKey(0)
     >>> mg.top_eigenvalues(g, jnp.zeros(4), key, k=2, which="smallest").round(4)
     Array([-2., -2.], dtype=float32)
+    >>> pairs = mg.top_eigenvalues(g, jnp.zeros(4), key, k=1, return_vectors=True)
+    >>> pairs.values.round(4), jnp.abs(pairs.vectors).round(4)   # H v = 3 v, v = e_4
+    (Array([3.], dtype=float32), Array([[0., 0., 0., 1.]], dtype=float32))
+    >>> p = {"a": jnp.zeros((2, 3)), "b": jnp.zeros(1)}
+    >>> h = lambda p: jnp.sum(jnp.arange(6.0).reshape(2, 3) * p["a"] ** 2)
+    >>> mg.top_eigenvalues(h, p, key, paths=[("a", (0,))]).round(4)   # row 0: 2 * (0, 1, 2)
+    Array([4.], dtype=float32)
 
     References
     ----------
@@ -801,9 +838,11 @@ def top_eigenvalues(
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
+    f, params = _on_block(bind_batch(f, batch), params, paths, "top_eigenvalues")
     return certified_ends(
-        _point_products(bind_batch(f, batch), params), key, metric, which=which, k=k, num_iterations=num_iterations,
+        _point_products(f, params), key, metric, which=which, k=k, num_iterations=num_iterations,
         rtol=rtol, tol=tol, maxiter=maxiter, block_size=block_size, who="top_eigenvalues", return_info=return_info,
+        return_vectors=return_vectors,
     )
 
 
@@ -821,6 +860,7 @@ def spectral_density(
     tol: float = 1e-8,
     maxiter: int | None = None,
     return_info: bool = False,
+    paths: Any = None,
 ) -> SpectralDensity | tuple[SpectralDensity, EstimateInfo]:
     r"""The spectral density of :math:`E = G^{-1}H` by stochastic Lanczos quadrature, in the :math:`G`-inner product.
 
@@ -871,6 +911,9 @@ def spectral_density(
         Tolerance and iteration cap of the conjugate-gradient solves with a non-diagonal metric.
     return_info : bool, optional
         Also return an :class:`~minigeo.EstimateInfo` (``NON_FINITE`` if a product or solve failed).
+    paths : optional
+        The density of the sub-block :math:`H_{SS}` on these leaves or sub-arrays (as in
+        :func:`~minigeo.top_eigenvalues`); ``metric`` and ``probes`` then live on the block.
 
     Returns
     -------
@@ -904,10 +947,16 @@ def spectral_density(
     """
     params = as_float_point(params, "params")
     check_finite(params, "params")
+    f, params = _on_block(bind_batch(f, batch), params, paths, "spectral_density")
     return slq_density(
-        _point_products(bind_batch(f, batch), params), key, metric, num_probes=num_probes, num_iterations=num_iterations,
+        _point_products(f, params), key, metric, num_probes=num_probes, num_iterations=num_iterations,
         probes=probes, tol=tol, maxiter=maxiter, who="spectral_density", return_info=return_info,
     )
+
+
+def _on_block(f: Callable[[PyTree], jax.Array], params: PyTree, paths: Any, who: str) -> tuple[Callable, PyTree]:
+    """``paths=``: the loss of the selected block and its point (the code of ``CurvatureOperator.restrict``)."""
+    return (f, params) if paths is None else restricted_loss(f, params, paths, who)
 
 
 def _flat_hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: jax.Array) -> jax.Array:
@@ -933,14 +982,16 @@ def _probe_terms(f: Callable[[PyTree], jax.Array], params: PyTree, probes: PyTre
 
 def _fixed_run(
     f: Callable[[PyTree], jax.Array], params: PyTree, metric: Metric | None, Z: jax.Array, key: jax.Array, *,
-    m: int, tol: float, maxiter: Any,
-) -> tuple[jax.Array, jax.Array, jax.Array]:
-    return fixed_block_lanczos(lambda v: _flat_hvp(f, params, v), params, metric, Z, key, m=m, tol=tol, maxiter=maxiter)
+    m: int, tol: float, maxiter: Any, basis: bool = False,
+) -> tuple[jax.Array, ...]:
+    return fixed_block_lanczos(
+        lambda v: _flat_hvp(f, params, v), params, metric, Z, key, m=m, tol=tol, maxiter=maxiter, basis=basis
+    )
 
 
 _compiled_probe_terms = jit_per_callable(_probe_terms, static_argnames=("batched",))
 _compiled_flat_block_hvp = jit_per_callable(_flat_block_hvp)
-_compiled_fixed_run = jit_per_callable(_fixed_run, static_argnames=("m", "tol", "maxiter"))
+_compiled_fixed_run = jit_per_callable(_fixed_run, static_argnames=("m", "tol", "maxiter", "basis"))
 
 
 def _point_products(f: Callable[[PyTree], jax.Array], params: PyTree) -> Products:
@@ -950,8 +1001,8 @@ def _point_products(f: Callable[[PyTree], jax.Array], params: PyTree) -> Product
         run = _compiled_probe_terms if is_concrete(params) else _probe_terms
         return run(f, params, probes, duals, batched=batched)
 
-    def fixed(metric, Z, key, m, compiled, *, tol, maxiter):
+    def fixed(metric, Z, key, m, compiled, *, tol, maxiter, basis=False):
         run = _compiled_fixed_run if compiled else _fixed_run
-        return run(f, params, metric, Z, key, m=m, tol=tol, maxiter=maxiter)
+        return run(f, params, metric, Z, key, m=m, tol=tol, maxiter=maxiter, basis=basis)
 
     return Products(params, "Hessian", terms, lambda V: _compiled_flat_block_hvp(f, params, V), fixed)

@@ -29,6 +29,7 @@ import numpy as np
 from ._checks import GeometryError, as_float_point, check_finite, check_same_structure
 from ._compile import jit_per_callable, one_trace_per_call
 from ._linalg import check_damping
+from ._restrict import restriction
 from ._spectral import (
     EstimateInfo,
     Products,
@@ -40,7 +41,7 @@ from ._spectral import (
     slq_logdet,
     trace_by_method,
 )
-from ._tree import PyTree, key_entry, ravel, tree_size
+from ._tree import PyTree, ravel, tree_size
 from .curvature import hvp
 from .metrics import Likelihood, Metric, empirical_fisher, fisher, ggn
 
@@ -225,22 +226,6 @@ def _check_max_batches(max_batches: Any, who: str) -> None:
         isinstance(max_batches, bool) or not (isinstance(max_batches, (int, np.integer)) and max_batches >= 1)
     ):
         raise GeometryError(f"{who}: max_batches must be None or a positive int, got {max_batches!r}.")
-
-
-def _leaf_index(params: PyTree, paths: Any, who: str) -> dict:
-    """``{path: leaf index}`` for the requested paths (tuples of keys), in the order given."""
-    if isinstance(paths, (str, int)) or (isinstance(paths, tuple) and paths and not isinstance(paths[0], (tuple, list))):
-        paths = [paths]
-    available = {tuple(key_entry(k) for k in path): i for i, (path, _) in enumerate(jax.tree_util.tree_leaves_with_path(params))}
-    out: dict = {}
-    for path in paths:
-        key = tuple(path) if isinstance(path, (tuple, list)) else (path,)
-        if key not in available:
-            raise GeometryError(f"{who}: the parameters have no leaf at {key}. Available leaves: {sorted(available, key=str)}.")
-        out[key] = available[key]
-    if not out:
-        raise GeometryError(f"{who}: no paths given.")
-    return out
 
 
 def _one_pass(batches: BatchSource, who: str, max_batches: int | None = None) -> Iterable[Batch]:
@@ -792,19 +777,25 @@ class CurvatureOperator:
 
         Parameters
         ----------
-        paths : sequence of tuple
-            The leaves to keep, each a tuple of keys as in ``jax.tree_util.tree_leaves_with_path``
-            (``("layer1", "w")``, ``("blocks", 0, "wq")``); a single key is a path of length one.
+        paths : sequence
+            What to keep, a list of selectors: a *path* (a tuple of keys as in
+            ``jax.tree_util.tree_leaves_with_path``, ``("layer1", "w")``, ``("blocks", 0, "wq")``; a
+            single key is a path of length one) keeps a whole leaf; a pair ``(path, index)``, ``index``
+            a tuple of non-negative ints, keeps the sub-array ``leaf[index]`` (its leading axes fixed):
+            ``(("blocks", "attn", "W_q"), (0, 2))`` is layer 0, head 2 of a leaf stacked as
+            ``(layers, heads, ...)``.  A single path may be passed bare; a single pair goes in a list.
 
         Returns
         -------
         :class:`~minigeo.CurvatureOperator`
-            Its ``params`` is the dict ``{path: leaf}`` of the kept leaves (a pytree).
+            Its ``params`` is the dict ``{key: sub-array}`` of the kept entries (a pytree), ``key`` the
+            path, or ``path + (index,)`` for a sub-array.
 
         Raises
         ------
         GeometryError
-            If a path names no leaf (the message lists the leaves) or ``paths`` is empty.
+            If a path names no leaf, an index is out of range for its leaf, two selections overlap
+            or ``paths`` is empty (the message lists the leaves and their shapes).
 
         Examples
         --------
@@ -815,31 +806,25 @@ class CurvatureOperator:
         >>> Hb = H.restrict([("b",)])
         >>> Hb.dataset_mv(Hb.params, [jnp.eye(2)])          # 12 b^2 on the b block only
         {('b',): Array([12.], dtype=float32)}
+        >>> W = {"w": jnp.arange(1.0, 7.0).reshape(2, 3)}    # e.g. (heads, features)
+        >>> Hw = mg.hessian_operator(lambda p, x: jnp.mean(jnp.sum(p["w"] ** 3)), W)
+        >>> Hw1 = Hw.restrict([("w", (1,))])                 # row 1 only: 6 w on the diagonal
+        >>> Hw1.dataset_mv({("w", (1,)): jnp.ones(3)}, [jnp.ones(1)])
+        {('w', (1,)): Array([24., 30., 36.], dtype=float32)}
 
         References
         ----------
         No formula from the source papers (a principal sub-block). Chapters 4 and 7.
         """
-        index = _leaf_index(self.params, paths, f"{self.name}.restrict")
-        full_leaves, treedef = jax.tree_util.tree_flatten(self.params)
-        keys = list(index)
+        r = restriction(self.params, paths, f"{self.name}.restrict")
+        full_leaves = jax.tree_util.tree_leaves(self.params)
         batch_mv = self.batch_mv
 
-        def embed(sub: dict, base_leaves: list) -> PyTree:
-            leaves = list(base_leaves)
-            for key in keys:
-                leaves[index[key]] = sub[key]
-            return jax.tree_util.tree_unflatten(treedef, leaves)
-
         def sub_mv(sub_params: dict, v: dict, batch: Batch) -> dict:
-            point = embed(sub_params, full_leaves)
-            out = jax.tree_util.tree_leaves(batch_mv(point, embed(v, [jnp.zeros_like(x) for x in full_leaves]), batch))
-            return {key: out[index[key]] for key in keys}
+            point = r.embed(sub_params, full_leaves)
+            return r.extract(batch_mv(point, r.embed(v, [jnp.zeros_like(x) for x in full_leaves]), batch))
 
-        names = ", ".join("/".join(str(k) for k in key) for key in keys)
-        return CurvatureOperator(
-            sub_mv, {key: full_leaves[index[key]] for key in keys}, f"{self.name}[{names}]", examples=self.examples
-        )
+        return CurvatureOperator(sub_mv, r.sub, f"{self.name}[{r.name}]", examples=self.examples)
 
     @one_trace_per_call()
     def top_eigenvalues(
@@ -858,7 +843,8 @@ class CurvatureOperator:
         block_size: int | None = None,
         which: str = "largest",
         return_info: bool = False,
-    ) -> jax.Array:
+        return_vectors: bool = False,
+    ) -> Any:
         r"""The ``k`` largest (or smallest) eigenvalues of :math:`G^{-1}M` over the dataset, counted with multiplicity.
 
         .. math:: G^{-1}M\,u = \lambda u,\qquad \lambda_1 \ge \dots \ge \lambda_k.
@@ -905,11 +891,16 @@ class CurvatureOperator:
             pair ``(largest, smallest)`` from two runs.
         return_info : bool, optional
             Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
+        return_vectors : bool, optional
+            Return :class:`~minigeo.Eigenpairs` ``(values, vectors)``: the eigenvectors as pytrees like
+            ``params`` stacked on a leading axis ``k``, :math:`G`-orthonormal, certified with the values
+            (as in :func:`~minigeo.top_eigenvalues`).
 
         Returns
         -------
-        jax.Array
-            The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated (see ``which``).
+        jax.Array or Eigenpairs
+            The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated (see ``which``);
+            with ``return_vectors``, :class:`~minigeo.Eigenpairs` (a pair of them for ``"both"``).
 
         Raises
         ------
@@ -940,6 +931,7 @@ class CurvatureOperator:
         return certified_ends(
             source, key, metric, which=which, k=k, num_iterations=num_iterations, rtol=rtol, tol=tol, maxiter=maxiter,
             block_size=block_size, who=f"{self.name}.top_eigenvalues", return_info=return_info,
+            return_vectors=return_vectors,
         )
 
     @one_trace_per_call()
