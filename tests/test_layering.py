@@ -28,6 +28,7 @@ FLOORS: dict[str, float] = {
     "parallel": 1.1,
     "_linalg": 1.2,
     "_estimators": 1.2,
+    "_restrict": 1.2,  # the operator on a sub-block of leaves or sub-arrays (issue 36)
     "_metric": 1.3,
     "_inverse": 1.4,
     "_spectral": 1.5,  # the estimators, written once (issue 30, item 7)
