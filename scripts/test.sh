@@ -2,8 +2,11 @@
 # Set up the environment and run every test:
 #   1. minigeo unit tests (float64, tests/)
 #   2. the executed examples in minigeo's docstrings (doctest)
-#   3. nbval over every chapter notebook (re-executes them, compares tagged outputs)
-#   4. the book build with -W -n (any Sphinx warning or failing cell fails), and its PDF
+#   3. nbval over every chapter notebook (re-executes them, compares tagged outputs, and records
+#      each notebook that passed with its fresh outputs: conftest.py's --nbval-record)
+#   4. the book build with -W -n (any Sphinx warning or failing cell fails), and its PDF; the
+#      notebooks nbval has just executed come from jupyter-cache (scripts/cache_executed_notebooks.py),
+#      so each notebook executes once per run; one that was not recorded is executed by the build
 #   5. a headless-browser smoke check of the rendered pages (offline)
 #
 # bash scripts/test.sh --quick   the day-to-day lane: step 1 without the tests marked `slow`
@@ -46,10 +49,12 @@ python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORM
 echo "== 3/5 notebooks (nbval)"
 # two notebooks at a time; --dist loadscope keeps each notebook's cells, in order, in one kernel (nbval's
 # documented way to run in parallel)
+RECORDED=$(mktemp -d)
 python -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book/ -p no:cacheprovider \
-    -n 2 --dist loadscope
+    -n 2 --dist loadscope --nbval-record "$RECORDED"
 echo "== 4/5 book build (-W -n) and PDF"
 rm -rf _build
+python scripts/cache_executed_notebooks.py "$RECORDED"
 jupyter-book build . -W -n --keep-going
 test -f _build/html/index.html
 python scripts/build_pdf.py
