@@ -11,7 +11,9 @@
 #
 # bash scripts/test.sh --quick   the day-to-day lane: step 1 without the tests marked `slow`
 #                                (tests/conftest.py marks the notebook, packaging, parity and ViT
-#                                modules slow) and step 2; CI always runs everything.
+#                                modules slow, and the tests listed in tests/slow_tests.txt, which
+#                                scripts/slow_tests.py writes from a full run's durations) and
+#                                step 2; CI always runs everything.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 bash scripts/setup.sh
@@ -39,8 +41,9 @@ echo "== 1/5 unit tests"
 # keep both cores busy while the other compiles; two runs: the sharpness and ViT modules compile the
 # largest XLA programs, and fresh workers for them keep a long-lived process from accumulating every
 # compiled executable of the suite
-# --durations: every test over 3 s is listed at the end, the data for the quick lane's `slow` list
-PARALLEL="-n 2 --dist loadfile --durations=0 --durations-min=3"
+# --durations: every test phase over 1 s is listed at the end, the data for the quick lane's `slow` list
+# (python scripts/slow_tests.py LOG writes tests/slow_tests.txt from it)
+PARALLEL="-n 2 --dist loadfile --durations=0 --durations-min=1"
 HEAVY="tests/test_sharpness.py tests/test_batches_and_inputs.py tests/test_vit.py tests/test_vit_timm_parity.py tests/test_vit_open_clip_parity.py"
 python -m pytest tests $PARALLEL $(for f in $HEAVY; do printf -- '--ignore=%s ' "$f"; done)
 python -m pytest $HEAVY $PARALLEL
