@@ -3,7 +3,7 @@
 ``metric=`` of :func:`minigeo.trace_estimate`, :func:`minigeo.top_eigenvalues` and the operators'
 methods is read by :func:`minigeo._metric.metric_field` (a :class:`~minigeo.Metric` or ``None``);
 :func:`_metric_inverse` turns it into ``v -> G^{-1} v`` (elementwise for a diagonal metric, its
-structure tag; conjugate gradients otherwise).
+structure tag; one Cholesky factor for a dense metric, its structure tag; conjugate gradients otherwise).
 """
 
 from __future__ import annotations
@@ -13,9 +13,12 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
+import jax.scipy.linalg as jsl
+
+from ._checks import GeometryError, is_concrete
 from ._linalg import check_solver_options, solve_spd_cg
-from ._metric import Metric
-from ._tree import PyTree
+from ._metric import Metric, _matrix_field
+from ._tree import PyTree, ravel
 
 MetricArg = Metric | None
 
@@ -38,10 +41,45 @@ def _metric_inverse(
         w = metric.diagonal_fn(params)
         damping = metric.damping
         return lambda v: jax.tree_util.tree_map(lambda a, wi: a / (wi + damping), v, w)
+    if metric.matrix_fn is not None:
+        return _dense_inverse(metric, params)
     if not strict:
         what = f"the {metric.name} metric"
         return lambda v: solve_spd_cg(metric.at(params), v, tol=tol, maxiter=maxiter, what=what)
     return lambda v: cg_solve_or_nan(metric, params, v, tol, maxiter)[0]
+
+
+def dense_factor(metric: Metric, params: PyTree) -> tuple[jax.Array, jax.Array]:
+    """``(L, ok)``: the Cholesky factor of a dense metric plus its damping, and whether it is trustworthy.
+
+    ``ok`` is False when the matrix is not finite, the factorization failed, or a pivot
+    :math:`L_{ii}^2 \\le n\\,\\varepsilon\\max|G_{ij}|` (not positive definite to working precision):
+    the test of :func:`~minigeo._linalg.solve_spd_dense`.  ``L`` is then all NaN, so every solve with it
+    is NaN under ``jit``, never a finite wrong number.
+    """
+    G = _matrix_field(metric)(params)
+    n = G.shape[0]
+    eps = jnp.finfo(G.dtype).eps
+    L = jnp.linalg.cholesky(G)  # NaN where it fails
+    pivots = jnp.diagonal(L) ** 2
+    ok = jnp.all(jnp.isfinite(G)) & (jnp.min(pivots) > n * eps * jnp.max(jnp.abs(G)))
+    return jnp.where(ok, L, jnp.nan), ok
+
+
+def _dense_inverse(metric: Metric, params: PyTree) -> Callable[[PyTree], PyTree]:
+    """``v -> G^{-1} v`` by one Cholesky factor; eagerly a metric that is not positive definite raises."""
+    L, ok = dense_factor(metric, params)
+    if is_concrete(ok) and not bool(ok):
+        raise GeometryError(
+            f"the {metric.name} metric is not positive definite at params to working precision "
+            "(its Cholesky factorization failed or met a pivot at round-off); add damping."
+        )
+
+    def apply(v: PyTree) -> PyTree:
+        flat, unravel = ravel(v)
+        return unravel(jsl.cho_solve((L, True), flat.astype(L.dtype)).astype(flat.dtype))
+
+    return apply
 
 
 def cg_solve_or_nan(metric: Metric, params: PyTree, v: PyTree, tol: float, maxiter: int | None) -> tuple[PyTree, jax.Array]:

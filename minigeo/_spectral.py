@@ -35,7 +35,7 @@ from ._estimators import (
     slq_breakdown_tol,
     slq_quadrature,
 )
-from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan
+from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan, dense_factor
 from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded
 from ._status import Status, first_failure, raise_for_status
 from ._metric import Metric, _matrix_field, metric_field
@@ -623,12 +623,17 @@ class SpectralDensity(NamedTuple):
 
 
 def _cholesky_factor(metric: Metric, params: PyTree, who: str) -> jax.Array:
-    """The Cholesky factor ``L`` of a dense metric (plus its damping) at ``params``; raises if not positive definite."""
-    G = metric.matrix_fn(params)
-    G = G + metric.damping * jnp.eye(G.shape[0], dtype=G.dtype)
-    L = jnp.linalg.cholesky(G)
-    if is_concrete(L) and not bool(jnp.all(jnp.isfinite(L))):
-        raise GeometryError(f"{who}: the {metric.name} metric is not positive definite at params (Cholesky failed); add damping.")
+    """The Cholesky factor ``L`` of a dense metric (plus its damping) at ``params``.
+
+    Eagerly a metric that is not positive definite to working precision raises; under ``jit`` ``L``
+    is then NaN (see :func:`~minigeo._inverse.dense_factor`), so every result computed with it is NaN.
+    """
+    L, ok = dense_factor(metric, params)
+    if is_concrete(ok) and not bool(ok):
+        raise GeometryError(
+            f"{who}: the {metric.name} metric is not positive definite at params to working precision "
+            "(its Cholesky factorization failed or met a pivot at round-off); add damping."
+        )
     return L
 
 
@@ -785,10 +790,7 @@ def _checked_inverse_block(metric: Metric | None, params: PyTree, tol: float, ma
     if metric.diagonal_fn is not None:
         return jax.vmap(lambda v: _flat_inverse(params, metric, v, tol, maxiter))
     if metric.matrix_fn is not None:  # a dense metric: one Cholesky factor, exact solves (no CG)
-        G = _matrix_field(metric)(params)
-        L = jnp.linalg.cholesky(G)
-        if not bool(jnp.all(jnp.isfinite(L))):
-            raise GeometryError(f"{who}: the dense metric is not positive definite at params (its Cholesky factor failed).")
+        L = _cholesky_factor(metric, params, who)
         return lambda V: jsl.cho_solve((L, True), V.T).T
 
     def ginv_block(V: jax.Array) -> jax.Array:
