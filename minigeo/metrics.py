@@ -539,6 +539,51 @@ def _per_example_cotangents(rows: jax.Array, shape: tuple) -> jax.Array:
     return (eye[:, None, :, None] * rows[:, :, None, :]).reshape((n * r, *shape))
 
 
+def _check_per_example_losses(loss: Callable, z: Any, n: int) -> None:
+    out = jax.eval_shape(loss, z)
+    if getattr(out, "shape", None) != (n,):
+        raise GeometryError(
+            f"empirical_fisher_diagonal: per_example_loss_fn must return one loss per example, shape ({n},); "
+            f"got {getattr(out, 'shape', type(out).__name__)}. Return the unreduced losses."
+        )
+
+
+def _examples(
+    model_fn: Callable, batch: Any, params: PyTree, who: str, with_targets: bool = True
+) -> tuple[Any, Any, int] | None:
+    """``(inputs, targets, N)`` when every leaf of the batch has the outputs' leading batch axis ``N``; else None.
+
+    Then the exact diagonals differentiate each example alone (``model_fn(params, x_n[None])``,
+    ``vmap``-ed over the examples): ``N`` backward passes of one example, not of the whole batch.
+    """
+    if batch is None:
+        return None
+    inputs, targets = split_batch(batch, who)
+    targets = targets if with_targets else None
+    n = _batch_size(jax.eval_shape(lambda p: model_fn(p, inputs), params), who)
+    leaves = jax.tree_util.tree_leaves((inputs, targets))
+    if not leaves or any(jnp.ndim(a) < 1 or jnp.shape(a)[0] != n for a in leaves):
+        return None
+    return inputs, targets, n
+
+
+def _squares_over_examples(
+    model_fn: Callable, inputs: Any, targets: Any, params: PyTree, rows: Callable, scale: Any
+) -> PyTree:
+    r"""``scale * sum_n sum_r (J_n^T w_{n,r})**2``: ``J_n`` the Jacobian of ``model_fn(params, x_n[None])``,
+    the rows ``w_{n,r}`` = ``rows(z_n, t_n)`` (shape ``(R, 1, ...)``); one example per backward pass."""
+    one = lambda a: a[None]
+
+    def example(x: Any, t: Any) -> PyTree:
+        z, vjp = jax.vjp(lambda p: model_fn(p, jax.tree_util.tree_map(one, x)), params)
+        W = rows(z, jax.tree_util.tree_map(one, t))
+        g = jax.vmap(lambda w: vjp(w)[0])(W)
+        return jax.tree_util.tree_map(lambda a: jnp.sum(a * a, axis=0), g)
+
+    per_example = jax.vmap(example)(inputs, targets)
+    return jax.tree_util.tree_map(lambda a: scale * jnp.sum(a, axis=0), per_example)
+
+
 def _fisher_factor(lik: Likelihood, z: jax.Array) -> jax.Array:
     r"""``S``, ``(N, C, R)``, with :math:`F_{z_n} = S_n S_n^\top` (``C`` entries of one example's output)."""
     n, c = z.shape[0], int(np.prod(z.shape[1:]))
@@ -645,7 +690,10 @@ def fisher_diagonal(
     (:math:`I/\sigma` for ``"gaussian"``).  The metric of :func:`fisher` (exact, not Monte Carlo),
     with the arguments of :func:`~minigeo.fisher_operator`.  One vector-Jacobian product per
     example and output (``vmap``-ed): the cost is examples :math:`\times` outputs backward passes,
-    memory that many copies of ``params``; meant as a reference (for the Hutchinson estimate
+    memory that many copies of ``params``.  With ``batch``, each pass differentiates one example
+    alone (``model_fn(params, x_n[None])``); with the data closed over (no ``batch``), each goes
+    through the whole batch's forward pass (:math:`N` times the work, but exact also for a model
+    that couples its examples, e.g. by batch statistics).  Meant as a reference (for the Hutchinson estimate
     ``fisher_operator(...).diagonal_estimate``) where the output dimension is small.  A sum of
     squares, so never negative; pure and ``jit``-compatible.
 
@@ -690,6 +738,12 @@ def fisher_diagonal(
     params = _point(params)
     f, _ = _on_batch(model_fn, None, batch, "fisher_diagonal")
     _scale(reduction, 1, "fisher_diagonal")
+    examples = _examples(model_fn, batch, params, "fisher_diagonal", with_targets=False)
+    if examples is not None:
+        inputs, targets, n = examples
+        scale = _scale(reduction, n, "fisher_diagonal")
+        rows = lambda z, t: jnp.swapaxes(_fisher_factor(lik, z)[0], 0, 1).reshape((-1, *z.shape))
+        return _compiled(lambda p: _squares_over_examples(model_fn, inputs, targets, p, rows, scale), params)
     return _compiled(lambda p: _fisher_diagonal(f, lik, reduction, p), params)
 
 
@@ -717,7 +771,11 @@ def empirical_fisher_diagonal(
 
     :math:`g_n = \nabla_{z_n}\ell(z_n, y_n)`, :math:`c = 1/N` or :math:`1`.  The metric of :func:`empirical_fisher`, with the arguments of
     :func:`~minigeo.empirical_fisher_operator`.  One vector-Jacobian product per example
-    (``vmap``-ed), memory one copy of ``params`` per example; pure and ``jit``-compatible.
+    (``vmap``-ed), memory one copy of ``params`` per example; pure and ``jit``-compatible.  With
+    ``batch``, each product differentiates one example alone (``model_fn(params, x_n[None])``): the
+    per-example gradients of the formula, at the cost of one batch's backward pass in all.  With the
+    data closed over (no ``batch``), each goes through the whole batch's forward pass, :math:`N`
+    times the work, but also defined for a model that couples its examples (batch statistics).
 
     Parameters
     ----------
@@ -761,18 +819,20 @@ def empirical_fisher_diagonal(
     params = _point(params)
     f, loss = _on_batch(model_fn, per_example_loss_fn, batch, "empirical_fisher_diagonal")
     _scale(reduction, 1, "empirical_fisher_diagonal")
+    examples = _examples(model_fn, batch, params, "empirical_fisher_diagonal")
+    if examples is not None:
+        inputs, targets, n = examples
+        _check_per_example_losses(loss, jax.eval_shape(f, params), n)
+        scale = _scale(reduction, n, "empirical_fisher_diagonal")
+        rows = lambda z, t: jax.grad(lambda zz: jnp.sum(per_example_loss_fn(zz, t)))(z)[None]
+        return _compiled(lambda p: _squares_over_examples(model_fn, inputs, targets, p, rows, scale), params)
     return _compiled(lambda p: _empirical_fisher_diagonal(f, loss, reduction, p), params)
 
 
 def _empirical_fisher_diagonal(f: Callable, loss: Callable, reduction: str, params: PyTree) -> PyTree:
     z, vjp = jax.vjp(f, params)
     n = _batch_size(z, "empirical_fisher_diagonal")
-    out = jax.eval_shape(loss, z)
-    if getattr(out, "shape", None) != (n,):
-        raise GeometryError(
-            f"empirical_fisher_diagonal: per_example_loss_fn must return one loss per example, shape ({n},); "
-            f"got {getattr(out, 'shape', type(out).__name__)}. Return the unreduced losses."
-        )
+    _check_per_example_losses(loss, z, n)
     scale = _scale(reduction, n, "empirical_fisher_diagonal")
     g = jax.grad(lambda zz: jnp.sum(loss(zz)))(z)
     cotangents = _per_example_cotangents(g.reshape(n, 1, -1), z.shape)  # row n: g_n at example n

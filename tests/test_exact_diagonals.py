@@ -276,3 +276,50 @@ def test_bad_input_raises_a_clear_error(call, says):
     params, X, labels, targets = problem(jnp.float64)
     with pytest.raises(mg.GeometryError, match=says):
         call(params, X, labels, targets)
+
+
+# -- with a batch, each backward pass sees one example ---------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_with_a_batch_each_example_is_differentiated_alone_and_both_paths_agree(dtype):
+    """With ``batch`` the model is traced on one example at a time (N passes of one example, not N passes
+    of the whole batch: the O(N^2 d) cost of before); the closure path gives the same diagonal."""
+    params, X, labels, targets = problem(dtype)
+    seen = []
+
+    def recording_mlp(p, x):
+        seen.append(x.shape)
+        return mlp(p, x)
+
+    for name, batched, closed in [
+        ("empirical Fisher",
+         lambda: mg.empirical_fisher_diagonal(recording_mlp, per_example_cross_entropy, params, batch=(X, labels)),
+         lambda: mg.empirical_fisher_diagonal(lambda p: mlp(p, X), lambda z: per_example_cross_entropy(z, labels),
+                                              params)),
+        ("Fisher", lambda: mg.fisher_diagonal(recording_mlp, params, batch=(X, labels)),
+         lambda: mg.fisher_diagonal(lambda p: mlp(p, X), params)),
+    ]:
+        seen.clear()
+        first = flat(batched())
+        assert (1, D_IN) in seen and all(s in {(1, D_IN), (N, D_IN)} for s in seen), (name, seen)
+        np.testing.assert_allclose(first, flat(closed()), rtol=tolerance(dtype, first), atol=tolerance(dtype, first),
+                                   err_msg=name)
+
+
+def test_a_model_that_couples_its_examples_keeps_the_whole_batch_path_without_batch():
+    """Batch statistics couple the examples: with the data closed over, the diagonal is sum_n (J_n^T g_n)^2
+    through the whole batch's forward pass (dense truth), which differs from the one-example gradients."""
+    params, X, labels, _ = problem(jnp.float64)
+
+    def normalized(p, x):  # standardizes the hidden layer over the batch
+        h = jnp.tanh(x @ p["W1"] + p["b1"])
+        h = (h - jnp.mean(h, axis=0)) / jnp.sqrt(jnp.var(h, axis=0) + 0.1)
+        return h @ p["W2"] + p["b2"]
+
+    theta, unravel = ravel_pytree(params)
+    G = jax.jacfwd(lambda q: per_example_cross_entropy(normalized(unravel(q), X), labels))(theta)
+    truth = np.sum(np.asarray(G) ** 2, axis=0) / N
+    closed = flat(mg.empirical_fisher_diagonal(lambda p: normalized(p, X),
+                                               lambda z: per_example_cross_entropy(z, labels), params))
+    np.testing.assert_allclose(closed, truth, rtol=1e-10, atol=1e-14)
+    assert not np.allclose(truth, flat(mg.empirical_fisher_diagonal(normalized, per_example_cross_entropy, params,
+                                                                     batch=(X, labels))))
