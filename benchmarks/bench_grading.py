@@ -2,7 +2,7 @@
 
 Builds a class of ``--n`` submissions of one assignment from its solution notebook, as a lecturer
 would receive them: a third solved (the solution), a third untouched (the student version), the
-rest with the typical mistake of ``tests/test_assignments.py``'s ``WRONG_SUBMISSIONS`` (one task
+rest with the typical mistake of ``tests/wrong_submissions.py``'s ``WRONG_SUBMISSIONS`` (one task
 wrong) but one, which has a cell that raises.  Then runs
 ``grade.py`` on the folder with ``--jobs`` kernels at a time and prints the wall time, the CPU time
 of the grader and its kernels, and the grader's summary.
@@ -31,13 +31,11 @@ KIT = ROOT / "assignments"
 
 
 def _wrong_submissions() -> dict:
-    """The typical mistakes of the grade-all test, read from its source (no test imports needed)."""
-    source = (ROOT / "tests" / "test_assignments.py").read_text()
-    start = source.index("WRONG_SUBMISSIONS = {")
-    end = source.index("\n}\n", start) + 3
-    namespace: dict = {}
-    exec(source[start:end], namespace)  # the dict literal only
-    return namespace["WRONG_SUBMISSIONS"]
+    """The typical mistakes of the grade-all test (``tests/wrong_submissions.py``)."""
+    sys.path.insert(0, str(ROOT / "tests"))
+    from wrong_submissions import WRONG_SUBMISSIONS
+
+    return WRONG_SUBMISSIONS
 
 
 def make_class(assignment: str, n: int, folder: Path) -> list[Path]:
