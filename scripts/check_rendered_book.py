@@ -19,7 +19,9 @@ resulting DOM.  The check fails unless, on every page:
   page for every page of the table of contents;
 * the execution-status page lists every notebook of the book, each executed without error;
 * on pages with exercises, every solution is collapsed (sphinx-exercise dropdown, toggled by
-  sphinx-togglebutton) and clicking the first one's toggle button opens it.
+  sphinx-togglebutton) and clicking the first one's toggle button opens it;
+* every code cell tagged ``hide-input`` is rendered collapsed: its code in a closed ``<details>``
+  with a "Show code cell source" summary, nothing of it outside.
 
 A screenshot of each page is written to ``_build/smoke/`` for a human to look at.
 
@@ -124,6 +126,33 @@ def chromium(browser: str, args: list[str], profile: str) -> subprocess.Complete
         text=True,
         timeout=180,
     )
+
+
+def hidden_input_cells(page: str) -> int:
+    """How many code cells of the page's notebook are tagged ``hide-input``."""
+    nb_path = ROOT / f"{page}.ipynb"
+    if not nb_path.exists():
+        return 0
+    cells = json.loads(nb_path.read_text())["cells"]
+    return sum("hide-input" in c.get("metadata", {}).get("tags", []) for c in cells if c["cell_type"] == "code")
+
+
+def check_hidden_inputs(soup: BeautifulSoup, page: str) -> list[str]:
+    """Every ``hide-input`` cell is rendered collapsed: its code inside a closed ``<details>`` with a summary."""
+    want = hidden_input_cells(page)
+    cells = soup.select("div.cell.tag_hide-input")
+    problems = []
+    if len(cells) != want:
+        problems.append(f"{page}: {len(cells)} cell(s) rendered with a hidden input, the notebook tags {want} hide-input")
+    for i, cell in enumerate(cells):
+        details = cell.find("details")
+        if details is None or details.find(class_="cell_input") is None or details.find("summary") is None:
+            problems.append(f"{page}: hidden cell {i + 1} of {len(cells)} does not put its code in a collapsed <details>")
+        elif details.has_attr("open"):
+            problems.append(f"{page}: hidden cell {i + 1} of {len(cells)} is rendered open")
+        elif cell.find(class_="cell_input") is not details.find(class_="cell_input"):
+            problems.append(f"{page}: hidden cell {i + 1} of {len(cells)} shows its code outside the collapsed part")
+    return problems
 
 
 def notebook_facts(page: str) -> tuple[int, bool]:
@@ -305,6 +334,7 @@ def check_page(browser: str, html_dir: Path, page: str, shots: Path, profile: st
     if has_widget and not soup.select(".jupyter-widgets, .widget-container, .widget-inline-hbox"):
         problems.append(f"{page}: the notebook displays an ipywidget but the page rendered none")
 
+    problems += check_hidden_inputs(soup, page)
     problems += probe_page(browser, html, page, profile)
     if page == "book/status":
         problems += check_status_table(soup, page)
@@ -320,6 +350,7 @@ def check_page(browser: str, html_dir: Path, page: str, shots: Path, profile: st
         f"[{status}] {page}: {len(soup.find_all('mjx-container'))} math, {len(figures)} figures"
         + (", widget" if has_widget else "")
         + (", solutions collapsed and toggle opens" if solutions_in_source(page) and not problems else "")
+        + (f", {hidden_input_cells(page)} hidden inputs collapsed" if hidden_input_cells(page) and not problems else "")
     )
     return problems
 
