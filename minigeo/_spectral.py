@@ -220,6 +220,25 @@ def _stacked(params: PyTree, rows: jax.Array) -> PyTree:
     return jax.vmap(ravel(params)[1])(rows)
 
 
+def _sketch_setup(
+    source: Products, key: jax.Array, metric: Any, batched: str, tol: float, maxiter: Any, who: str
+) -> tuple[PyTree, int, Any, Callable[[jax.Array], jax.Array], Callable[[jax.Array], jax.Array]]:
+    """What the sketching trace estimators (Hutch++, XTrace) share, checked eagerly.
+
+    Returns ``(params, d, dtype, inverse, mv)``: ``inverse`` applies :math:`G^{-1}` row by row (the
+    identity without a metric; each conjugate-gradient solve checked, one Cholesky factor for a dense
+    metric), ``mv`` applies :math:`M` row by row as ``batched`` asks (:func:`_rowwise`).
+    """
+    _check_batched(batched, who)
+    params = source.params
+    metric = metric_field(metric, who)
+    _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter, a diagonal metric
+    check_key(key)
+    ginv = _checked_inverse_block(metric, params, tol, maxiter, who)
+    inverse = (lambda V: V) if ginv is None else ginv
+    return params, tree_size(params), ravel(params)[0].dtype, inverse, _rowwise(source, batched)
+
+
 def hutchpp_trace(
     source: Products, key: jax.Array, metric: Any, *, num_products: int, batched: str, tol: float, maxiter: Any,
     who: str, return_info: bool = False,
@@ -235,23 +254,11 @@ def hutchpp_trace(
     check_num_probes(num_products, who)
     if num_products < 3:
         raise GeometryError(f"{who}: hutch++ needs a budget of at least 3 products, got {num_products}.")
-    _check_batched(batched, who)
-    params = source.params
-    d = tree_size(params)
-    dtype = ravel(params)[0].dtype
-    metric = metric_field(metric, who)
-    _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter, a diagonal metric
-    check_key(key)
+    params, d, dtype, inverse, block_mv = _sketch_setup(source, key, metric, batched, tol, maxiter, who)
     s = min(num_products // 3, d)
     r = num_products - 2 * s
     k_sketch, k_probe = jax.random.split(key)
-    ginv = _checked_inverse_block(metric, params, tol, maxiter, who)
-    inverse = (lambda V: V) if ginv is None else ginv
     S = jax.random.rademacher(k_sketch, (s, d), dtype=dtype)
-    # "map": one row at a time (the sketch of a large model would otherwise multiply s vectors at once)
-    block_mv = source.block_mv if batched == "vmap" else (
-        lambda V: jnp.concatenate([source.block_mv(V[i : i + 1]) for i in range(V.shape[0])])
-    )
     Y = inverse(block_mv(S))  # rows A s_i
     check_finite(Y, f"The {source.name} products", hint=_CG_HINT)
     Q = jnp.linalg.qr(Y.T)[0].T  # orthonormal rows spanning range(A S)
@@ -887,17 +894,8 @@ def xtrace_trace(
     without bias, and exactly when its rank is below :math:`m`.
     """
     _check_x_budget(num_products, who, "xtrace")
-    _check_batched(batched, who)
-    params = source.params
-    d = tree_size(params)
-    dtype = ravel(params)[0].dtype
-    metric = metric_field(metric, who)
-    _metric_inverse(metric, params, tol, maxiter)  # validates tol, maxiter, a diagonal metric
-    check_key(key)
+    params, d, dtype, inverse, mv = _sketch_setup(source, key, metric, batched, tol, maxiter, who)
     m = min(num_products // 2, d)
-    ginv = _checked_inverse_block(metric, params, tol, maxiter, who)
-    inverse = (lambda V: V) if ginv is None else ginv
-    mv = _rowwise(source, batched)
     Om = jax.random.normal(key, (m, d), dtype=dtype)
     Om = float(np.sqrt(d)) * Om / jnp.linalg.norm(Om, axis=1, keepdims=True)  # uniform on the sphere, radius sqrt(d)
     Y = inverse(mv(Om))  # rows A w_i
