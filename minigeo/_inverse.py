@@ -12,7 +12,6 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
-
 import jax.scipy.linalg as jsl
 
 from ._checks import GeometryError, is_concrete
@@ -66,14 +65,20 @@ def dense_factor(metric: Metric, params: PyTree) -> tuple[jax.Array, jax.Array]:
     return jnp.where(ok, L, jnp.nan), ok
 
 
-def _dense_inverse(metric: Metric, params: PyTree) -> Callable[[PyTree], PyTree]:
-    """``v -> G^{-1} v`` by one Cholesky factor; eagerly a metric that is not positive definite raises."""
+def checked_dense_factor(metric: Metric, params: PyTree, who: str = "") -> jax.Array:
+    """The factor of :func:`dense_factor`; eagerly a metric that is not positive definite raises (under ``jit`` ``L`` is NaN)."""
     L, ok = dense_factor(metric, params)
     if is_concrete(ok) and not bool(ok):
         raise GeometryError(
-            f"the {metric.name} metric is not positive definite at params to working precision "
-            "(its Cholesky factorization failed or met a pivot at round-off); add damping."
+            f"{who + ': ' if who else ''}the {metric.name} metric is not positive definite at params to working "
+            "precision (its Cholesky factorization failed or met a pivot at round-off); add damping."
         )
+    return L
+
+
+def _dense_inverse(metric: Metric, params: PyTree) -> Callable[[PyTree], PyTree]:
+    """``v -> G^{-1} v`` by one Cholesky factor; eagerly a metric that is not positive definite raises."""
+    L = checked_dense_factor(metric, params)
 
     def apply(v: PyTree) -> PyTree:
         flat, unravel = ravel(v)

@@ -35,10 +35,10 @@ from ._estimators import (
     slq_breakdown_tol,
     slq_quadrature,
 )
-from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan, dense_factor
+from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan, checked_dense_factor
 from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded
 from ._status import Status, first_failure, raise_for_status
-from ._metric import Metric, _matrix_field, metric_field
+from ._metric import Metric, metric_field
 from ._tree import PyTree, ravel, tree_size
 
 __all__ = [
@@ -629,21 +629,6 @@ class SpectralDensity(NamedTuple):
         return mean_and_standard_error(jnp.sum(self.weights * self.nodes**k, axis=1))
 
 
-def _cholesky_factor(metric: Metric, params: PyTree, who: str) -> jax.Array:
-    """The Cholesky factor ``L`` of a dense metric (plus its damping) at ``params``.
-
-    Eagerly a metric that is not positive definite to working precision raises; under ``jit`` ``L``
-    is then NaN (see :func:`~minigeo._inverse.dense_factor`), so every result computed with it is NaN.
-    """
-    L, ok = dense_factor(metric, params)
-    if is_concrete(ok) and not bool(ok):
-        raise GeometryError(
-            f"{who}: the {metric.name} metric is not positive definite at params to working precision "
-            "(its Cholesky factorization failed or met a pivot at round-off); add damping."
-        )
-    return L
-
-
 def _metric_square_root_rows(metric: Metric | None, params: PyTree, xi: jax.Array, who: str) -> jax.Array:
     """The rows ``L xi`` for a factor ``G = L L^T``: covector probes with covariance ``G`` when ``E[xi xi^T] = I``."""
     if metric is None:
@@ -652,7 +637,7 @@ def _metric_square_root_rows(metric: Metric | None, params: PyTree, xi: jax.Arra
         w = ravel(metric.diagonal_fn(params))[0] + metric.damping
         return xi * jnp.sqrt(w)
     if metric.matrix_fn is not None:
-        return xi @ _cholesky_factor(metric, params, who).T
+        return xi @ checked_dense_factor(metric, params, who).T
     raise GeometryError(
         f"{who}: the probes of an unbiased invariant density need a factor G = L L^T of the metric, which the "
         f"matrix-free {metric.name} metric does not give. Pass mg.dense_metric(...) or mg.metrics.diagonal(...), "
@@ -722,7 +707,7 @@ def slq_density(
     if eager and metric is not None and metric.matrix_fn is not None:
         # a dense metric, factored G = L L^T: Lanczos of L^-1 M L^-T in the Euclidean product is Lanczos of
         # E in the G-product (v = L^-T u), with exact triangular solves instead of conjugate gradients
-        L = _cholesky_factor(metric, params, who)
+        L = checked_dense_factor(metric, params, who)
         lower = lambda U: jsl.solve_triangular(L, U.T, lower=True).T  # rows L^-1 u
         upper = lambda U: jsl.solve_triangular(L.T, U.T, lower=False).T  # rows L^-T u
         starts = xi if probes is None else lower(Z)
@@ -797,7 +782,7 @@ def _checked_inverse_block(metric: Metric | None, params: PyTree, tol: float, ma
     if metric.diagonal_fn is not None:
         return jax.vmap(lambda v: _flat_inverse(params, metric, v, tol, maxiter))
     if metric.matrix_fn is not None:  # a dense metric: one Cholesky factor, exact solves (no CG)
-        L = _cholesky_factor(metric, params, who)
+        L = checked_dense_factor(metric, params, who)
         return lambda V: jsl.cho_solve((L, True), V.T).T
 
     def ginv_block(V: jax.Array) -> jax.Array:
