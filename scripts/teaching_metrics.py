@@ -31,6 +31,9 @@ largest visible code cell
 objectives first / summary last
     The first markdown cell has a heading or bold label "Learning objectives" (or "In this
     chapter you will"); the last ``##`` section of the notebook is "Summary".
+going further after the exercises
+    No ``##`` section of the main text is headed "Going further": optional reading comes after
+    the exercises, in the order main sections, Exercises, Going further, Summary.
 
 ``--check`` compares the chapters in ``CHAPTERS_AT_STANDARD`` with ``TARGETS`` and exits
 with status 1 when one of them misses a target (the others are only reported).
@@ -176,6 +179,7 @@ class Metrics:
     largest_code_cell_index: int = -1
     objectives_first: bool = False
     summary_last: bool = False
+    going_further_after_exercises: bool = True
     main_cells: int = 0
     misses: list[str] = field(default_factory=list)
 
@@ -220,6 +224,10 @@ def measure(nb: dict, name: str = "") -> Metrics:
         m.objectives_first = bool(_OBJECTIVES.search(first))
         sections = [s for md in markdown for s in _SECTION.findall(md)]
         m.summary_last = bool(sections) and sections[-1].strip().lower().startswith("summary")
+    main_sections = [s for c in main if c["cell_type"] == "markdown" for s in _SECTION.findall(source(c))]
+    m.going_further_after_exercises = not any(
+        s.strip().lower().startswith("going further") for s in main_sections
+    )
     m.misses = check(m)
     return m
 
@@ -243,6 +251,8 @@ def check(m: Metrics) -> list[str]:
         misses.append("no learning objectives in the first cell")
     if not m.summary_last:
         misses.append("the last section is not a summary")
+    if not m.going_further_after_exercises:
+        misses.append('a "Going further" section stands in the main text (it goes after the exercises)')
     return misses
 
 
@@ -263,6 +273,7 @@ def table(ms: list[Metrics]) -> str:
         ("largest visible code cell", lambda m: f"{m.largest_code_cell} (c{m.largest_code_cell_index})"),
         ("learning objectives first", lambda m: "yes" if m.objectives_first else "no"),
         ("summary last", lambda m: "yes" if m.summary_last else "no"),
+        ("going further after the exercises", lambda m: "yes" if m.going_further_after_exercises else "no"),
         ("meets the targets", lambda m: "yes" if not m.misses else "no"),
     ]
     head = "| | " + " | ".join(m.name for m in ms) + " |"

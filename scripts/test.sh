@@ -22,7 +22,8 @@ if [ "${1:-}" = "--quick" ]; then
     echo "== quick 1/2 unit tests (not slow)"
     python -m pytest tests -m "not slow" -q -n 2 --dist loadfile
     echo "== quick 2/2 docstring examples"
-    python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider -q
+    python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider -q \
+        -n 2 --dist loadfile
     echo "test --quick: all checks passed"
     exit 0
 fi
@@ -48,7 +49,10 @@ HEAVY="tests/test_sharpness.py tests/test_batches_and_inputs.py tests/test_vit.p
 python -m pytest tests $PARALLEL $(for f in $HEAVY; do printf -- '--ignore=%s ' "$f"; done)
 python -m pytest $HEAVY $PARALLEL
 echo "== 2/5 docstring examples"
-python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider
+# two workers, whole modules per worker (a module's examples share one namespace only within a docstring,
+# but the compilations of one module's examples are reused by the next example in the same process)
+python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider \
+    -n 2 --dist loadfile
 echo "== 3/5 notebooks (nbval)"
 # two notebooks at a time; --dist loadscope keeps each notebook's cells, in order, in one kernel (nbval's
 # documented way to run in parallel)

@@ -95,9 +95,10 @@ def test_the_check_reports_each_target():
     nb.cells[1].outputs = [nbformat.from_dict(_stream("1\n" * 31))]
     nb.cells[1].source = "a = 1\n" * 26
     nb.cells[-1].source = "## Recap"
+    nb.cells.insert(2, nbformat.v4.new_markdown_cell("## Going further\n\nOptional reading."))
     m = tm.measure(json.loads(nbformat.writes(nb)), "ch9")
     text = "; ".join(m.misses)
-    for phrase in ("without a figure", "printed lines", "has 26 lines", "objectives", "summary"):
+    for phrase in ("without a figure", "printed lines", "has 26 lines", "objectives", "summary", "Going further"):
         assert phrase in text, (phrase, text)
     nb.cells[0].source = "**Learning objectives.**\n\n" + "word " * 3100
     nb.cells.insert(1, _code("plot()", outputs=[_IMAGE]))
