@@ -15,7 +15,7 @@ import jax.numpy as jnp
 import jax.scipy.linalg as jsl
 
 from ._checks import GeometryError, is_concrete
-from ._linalg import check_solver_options, solve_spd_cg
+from ._linalg import check_solver_options, cholesky_with_pivot_test, solve_spd_cg
 from ._metric import Metric, _matrix_field
 from ._tree import PyTree, ravel
 
@@ -57,11 +57,8 @@ def dense_factor(metric: Metric, params: PyTree) -> tuple[jax.Array, jax.Array]:
     is NaN under ``jit``, never a finite wrong number.
     """
     G = _matrix_field(metric)(params)
-    n = G.shape[0]
-    eps = jnp.finfo(G.dtype).eps
-    L = jnp.linalg.cholesky(G)  # NaN where it fails
-    pivots = jnp.diagonal(L) ** 2
-    ok = jnp.all(jnp.isfinite(G)) & (jnp.min(pivots) > n * eps * jnp.max(jnp.abs(G)))
+    L, definite, _ = cholesky_with_pivot_test(G)
+    ok = jnp.all(jnp.isfinite(G)) & definite
     return jnp.where(ok, L, jnp.nan), ok
 
 

@@ -200,18 +200,29 @@ def solve_spd_dense(
     return (solution, info) if return_info else solution
 
 
-def _dense_cholesky(matrix: jax.Array, damped: jax.Array, b: jax.Array) -> tuple[jax.Array, SolveInfo]:
-    """Cholesky solve with the traced checks of :func:`solve_spd_dense`; ``x`` is NaN unless the status is 0."""
-    n = damped.shape[0]
-    real = jnp.finfo(damped.dtype).dtype
-    eps = jnp.finfo(damped.dtype).eps
-    finite = jnp.all(jnp.isfinite(damped)) & jnp.all(jnp.isfinite(b))
-    symmetric = is_symmetric_to_roundoff(matrix)
-    L = jnp.linalg.cholesky(damped)  # NaN where it fails
+def cholesky_with_pivot_test(matrix: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
+    """``(L, definite, min_pivot)``: the Cholesky factor and the positive-definiteness test of minigeo.
+
+    ``definite`` is False when the factorization failed (NaN) or a pivot
+    :math:`L_{ii}^2 \\le n\\,\\varepsilon\\max|A_{ij}|` (not positive definite to working precision).
+    One test for every dense solve and factor (:func:`solve_spd_dense`, the dense metrics).
+    """
+    n = matrix.shape[0]
+    real = jnp.finfo(matrix.dtype).dtype
+    eps = jnp.finfo(matrix.dtype).eps
+    L = jnp.linalg.cholesky(matrix)  # NaN where it fails
     pivots = jnp.real(jnp.diagonal(L)) ** 2
     min_pivot = jnp.min(pivots) if n else jnp.asarray(jnp.inf, real)
-    scale = jnp.max(jnp.abs(damped)) if n else jnp.zeros((), real)
-    definite = min_pivot > n * eps * scale  # NaN (failed factorization) is not
+    scale = jnp.max(jnp.abs(matrix)) if n else jnp.zeros((), real)
+    return L, min_pivot > n * eps * scale, min_pivot  # NaN (failed factorization) is not definite
+
+
+def _dense_cholesky(matrix: jax.Array, damped: jax.Array, b: jax.Array) -> tuple[jax.Array, SolveInfo]:
+    """Cholesky solve with the traced checks of :func:`solve_spd_dense`; ``x`` is NaN unless the status is 0."""
+    real = jnp.finfo(damped.dtype).dtype
+    finite = jnp.all(jnp.isfinite(damped)) & jnp.all(jnp.isfinite(b))
+    symmetric = is_symmetric_to_roundoff(matrix)
+    L, definite, min_pivot = cholesky_with_pivot_test(damped)
     status = jnp.where(
         ~finite, CG_NONFINITE, jnp.where(~symmetric, CG_NOT_SYMMETRIC, jnp.where(~definite, CG_NONPOSITIVE_CURVATURE, CG_CONVERGED))
     ).astype(jnp.int32)
