@@ -884,8 +884,7 @@ class CurvatureOperator:
         max_batches : int, optional
             Use at most this many batches per pass (required for batches without a length).
         block_size : int, optional
-            Start vectors :math:`p`, as in :func:`~minigeo.top_eigenvalues` (default :math:`k + 2`,
-            1 for :math:`k = 1`).
+            Start vectors :math:`p`, as in :func:`~minigeo.top_eigenvalues` (default :math:`k`).
         which : {"largest", "smallest", "both"}, optional
             As in :func:`~minigeo.top_eigenvalues`: ``"smallest"`` in increasing order, ``"both"`` a
             pair ``(largest, smallest)`` from two runs.
