@@ -22,6 +22,15 @@ def random_spd(r: np.random.Generator, n: int, cond: float = 10.0) -> jnp.ndarra
     return jnp.asarray(q @ np.diag(eig) @ q.T)
 
 
+def decaying_quadratic(d: int, dtype, seed: int = 0, power: float = 2.0):
+    """``(f, x0, A)``: ``f(x) = x^T A x / 2`` with ``A = Q diag(k^-power) Q^T`` (random orthogonal ``Q``)."""
+    r = rng(seed)
+    Q, _ = np.linalg.qr(r.normal(size=(d, d)))
+    lam = 1.0 / np.arange(1, d + 1) ** power
+    A = jnp.asarray(Q @ np.diag(lam) @ Q.T, dtype)
+    return (lambda x: 0.5 * x @ A @ x), jnp.zeros(d, dtype), A
+
+
 def random_invertible(r: np.random.Generator, n: int) -> jnp.ndarray:
     """A random well-conditioned invertible matrix (singular values in [0.5, 2])."""
     u, _ = np.linalg.qr(r.normal(size=(n, n)))

@@ -9,17 +9,9 @@ import numpy as np
 import pytest
 
 import minigeo as mg
-from helpers import rng
+from helpers import decaying_quadratic as _decaying, rng
 
 DTYPES = [jnp.float64, jnp.float32]
-
-
-def _decaying(d, dtype, seed=0, power=2.0):
-    r = rng(seed)
-    Q, _ = np.linalg.qr(r.normal(size=(d, d)))
-    lam = 1.0 / np.arange(1, d + 1) ** power
-    A = jnp.asarray(Q @ np.diag(lam) @ Q.T, dtype)
-    return (lambda x: 0.5 * x @ A @ x), jnp.zeros(d, dtype), A
 
 
 @pytest.mark.parametrize("dtype", DTYPES)

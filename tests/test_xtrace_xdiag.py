@@ -11,17 +11,9 @@ import numpy as np
 import pytest
 
 import minigeo as mg
-from helpers import random_spd, rng
+from helpers import decaying_quadratic as _decaying, random_spd, rng
 
 DTYPES = [jnp.float64, jnp.float32]
-
-
-def _decaying(d, dtype, seed=0, power=2.0):
-    r = rng(seed)
-    Q, _ = np.linalg.qr(r.normal(size=(d, d)))
-    lam = 1.0 / np.arange(1, d + 1) ** power
-    A = jnp.asarray(Q @ np.diag(lam) @ Q.T, dtype)
-    return (lambda x: 0.5 * x @ A @ x), jnp.zeros(d, dtype), A
 
 
 def _naive_xtrace(E, key, budget):
