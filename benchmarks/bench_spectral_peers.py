@@ -109,16 +109,16 @@ def minigeo_trace_fn(P, curvature, method, budget):
     """A jitted ``key -> (estimate, se)`` of minigeo on the Hessian or the GGN of ``P``."""
     if curvature == "hessian":
         return jax.jit(lambda k: mg.trace_estimate(P.loss, P.params, k, num_probes=budget, method=method))
-    op = ggn_op(P)
-    return lambda k: op.trace_estimate(k, one_batch(P), num_probes=budget, method=method)
+    op, batch = ggn_op(P), one_batch(P)
+    return jax.jit(lambda k: op.trace_estimate(k, batch, num_probes=budget, method=method))
 
 
 def minigeo_diag_fn(P, curvature, method, budget):
     if curvature == "hessian":
         f = jax.jit(lambda k: mg.diagonal_estimate(P.loss, P.params, k, num_probes=budget, method=method)[0])
     else:
-        op = ggn_op(P)
-        f = lambda k: op.diagonal_estimate(k, one_batch(P), num_probes=budget, method=method)[0]  # noqa: E731
+        op, batch = ggn_op(P), one_batch(P)
+        f = jax.jit(lambda k: op.diagonal_estimate(k, batch, num_probes=budget, method=method)[0])
     return lambda k: ravel_pytree(f(k))[0]
 
 
@@ -329,7 +329,7 @@ def main(argv=None):
           f"rank GGN <= {args.batch * (sizes[-1] - 1)}", flush=True)
     start = time.perf_counter()
     if "density" in sections:
-        print(f"\n## Hessian spectral density: moments against the dense spectrum\n", flush=True)
+        print("\n## Hessian spectral density: moments against the dense spectrum\n", flush=True)
         print(density_section(torch, P, truth, args.density_probes, args.density_iters, args.density_seeds), flush=True)
     for kind in ("trace", "diagonal"):
         if kind not in sections:
