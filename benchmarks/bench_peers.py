@@ -93,26 +93,27 @@ class Problem:
     """One model in both frameworks: JAX params/loss/model_fn, torch module/params/data, and converters."""
 
 
-def build_mlp(torch):
+def build_mlp(torch, sizes=(784, 256, 256, 10), batch=256):
+    """The MLP ``sizes`` (tanh) of ``_harness.mlp`` in JAX and as an identical ``torch.nn.Sequential``."""
     key = jax.random.PRNGKey(0)
-    params, model_fn, y = _harness.mlp(key)
+    params, model_fn, y = _harness.mlp(key, sizes, batch)
     # _harness.mlp closes over its inputs; regenerate them exactly as it does
-    sizes, batch = (784, 256, 256, 10), 256
     keys = jax.random.split(key, len(sizes) + 1)
     X = jax.random.normal(keys[-2], (batch, sizes[0]))
     ce = _harness.cross_entropy(y)
 
-    net = torch.nn.Sequential(
-        torch.nn.Linear(784, 256), torch.nn.Tanh(), torch.nn.Linear(256, 256), torch.nn.Tanh(), torch.nn.Linear(256, 10)
-    )
+    layers = []
+    for m, n in zip(sizes[:-1], sizes[1:]):
+        layers += [torch.nn.Linear(m, n), torch.nn.Tanh()]
+    net = torch.nn.Sequential(*layers[:-1])
     with torch.no_grad():
-        for lin, layer in zip([net[0], net[2], net[4]], params):
+        for lin, layer in zip(net[::2], params):
             lin.weight.copy_(torch.from_numpy(np.asarray(layer["W"]).T.copy()))
             lin.bias.copy_(torch.from_numpy(np.asarray(layer["b"]).copy()))
 
     def to_jax(tensors):
         t = [np.asarray(a.detach().cpu().numpy()) for a in tensors]
-        return [{"W": jnp.asarray(t[2 * i].T), "b": jnp.asarray(t[2 * i + 1])} for i in range(3)]
+        return [{"W": jnp.asarray(t[2 * i].T), "b": jnp.asarray(t[2 * i + 1])} for i in range(len(sizes) - 1)]
 
     P = Problem()
     P.name, P.params, P.model_fn, P.ce = "mlp", params, model_fn, ce
@@ -121,7 +122,7 @@ def build_mlp(torch):
     P.x = torch.from_numpy(np.asarray(X).copy())
     P.y = torch.from_numpy(np.asarray(y).astype(np.int64))
     P.to_jax = to_jax
-    P.describe = "MLP 784-256-256-10 tanh, batch 256, cross-entropy"
+    P.describe = f"MLP {'-'.join(map(str, sizes))} tanh, batch {batch}, cross-entropy"
     return P
 
 
