@@ -277,10 +277,11 @@ class Metric:
 
         .. math:: [G(\theta) + \lambda I]_{:, i} = (G(\theta) + \lambda I)\,e_i,\qquad i = 1, \dots, d.
 
-        Built from ``d`` matrix-vector products vectorised with ``vmap``, afresh at
-        every call: nothing is cached on the metric or on the user's functions, so a
-        function that reads changing state gives the current matrix (wrap the call in
-        ``jax.jit`` yourself to compile it).  :meth:`check_positive_definite` checks the result.
+        Built from ``d`` matrix-vector products vectorised with ``vmap``, traced afresh at
+        every call, so a function that reads changing state gives the current matrix; the
+        compiled program is reused whenever the traced program is the same (as for every
+        product of a metric built with ``compiled=True``: nothing stale, no data kept).
+        :meth:`check_positive_definite` checks the result.
 
         Parameters
         ----------
@@ -316,6 +317,8 @@ class Metric:
         check_finite(params, "params")
         if self.matrix_fn is not None:  # a dense metric: its own matrix, not d products
             return _matrix_field(self)(params)
+        if self.compiled:  # traced afresh, compiled once per traced program (_compile.py)
+            return _compiled_dense(self.mv_fn, self, params)
         return _dense_matrix(self, params)
 
     def solve(
@@ -485,6 +488,14 @@ def _dense_matrix(metric: Metric, params: PyTree) -> jax.Array:
     flat, unravel = ravel(params)
     basis = jnp.eye(flat.size, dtype=flat.dtype)
     return jax.vmap(lambda e: ravel(metric.mv(params, unravel(e)))[0])(basis).T
+
+
+def _dense_impl(_mv_fn: Any, metric: Metric, params: PyTree) -> jax.Array:
+    """:func:`_dense_matrix` (``_mv_fn``: the callable the compilation is keyed on, traced at every call)."""
+    return _dense_matrix(metric, params)
+
+
+_compiled_dense = jit_per_callable(_dense_impl)
 
 
 # ---------------------------------------------------------------------------
