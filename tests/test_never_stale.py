@@ -129,6 +129,20 @@ def test_hvp_follows_every_kind_of_state(index, dtype):
     _reset()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index", [0, 4, 6, 8])
+def test_dense_metric_matrix_follows_state_its_product_reads(index, dtype):
+    """Metric.dense compiles once per traced program: after the state changes it is the fresh Hessian."""
+    _reset()
+    name, f, mutate = _cases()[index]
+    G = mg.Metric(lambda p, v: fresh_hvp(f, p, v), "Hessian of " + name)
+    p = jnp.asarray([1.0, 2.0, -1.0], dtype)
+    close(G.dense(p), jax.hessian(f)(p), dtype)
+    mutate()
+    close(G.dense(p), jax.hessian(f)(p), dtype)
+    _reset()
+
+
 def test_signed_zero_closed_over_as_a_python_float():
     """1/(-0.0) = -inf: a program keyed on 0.0 == -0.0 would return the +0.0 answer."""
     state = {"z": 0.0}
