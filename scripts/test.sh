@@ -51,8 +51,8 @@ HEAVY="tests/test_sharpness.py tests/test_batches_and_inputs.py tests/test_vit.p
 python -m pytest tests $PARALLEL $(for f in $HEAVY; do printf -- '--ignore=%s ' "$f"; done)
 python -m pytest $HEAVY $PARALLEL
 echo "== 2/5 docstring examples"
-# two workers, whole modules per worker (a module's examples share one namespace only within a docstring,
-# but the compilations of one module's examples are reused by the next example in the same process)
+# two workers, whole modules per worker (a module's examples then reuse the compilations of the
+# examples before them in the same process)
 python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider \
     -n 2 --dist loadfile
 echo "== 3/5 notebooks (nbval)"
