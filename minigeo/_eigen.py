@@ -17,8 +17,10 @@ The recurrence.  ``E = G^{-1}H`` is self-adjoint for ``<u, v>_G = u^T G v``.  Th
 are ``G``-orthonormal and ``W = G Q`` (``W is Q`` when ``G = I``), so ``<q_i, x>_G = w_i^T x =
 q_i^T (G x)``.  A block step multiplies the current block ``Q_j`` by ``H`` (``H Q_j = G E Q_j``),
 records the rows ``(H Q_j) Q^T`` of the projected matrix ``T = Q H Q^T`` (so ``T`` is the exact
-Rayleigh quotient of the basis, not a recurrence that round-off can bend), removes the basis
-components twice (full reorthogonalization), applies ``G^{-1}`` and ``G``-orthonormalizes the
+Rayleigh quotient of the basis up to round-off, not a recurrence that round-off can bend), removes
+the basis components twice (full reorthogonalization: first against the blocks ``j - 1`` and ``j``,
+which hold all of ``H Q_j`` but the residual in exact arithmetic, then against every filled block,
+which removes the round-off; each pass reads each block once), applies ``G^{-1}`` and ``G``-orthonormalizes the
 residual block column by column (Gram-Schmidt, twice).  A residual column below
 ``breakdown_tol * scale`` is a breakdown (an invariant subspace, e.g. a low-rank Hessian): it is
 replaced by a random vector ``G``-orthogonal to the basis (or, once the basis spans the whole
@@ -140,13 +142,31 @@ def block_lanczos(
         zeros = jnp.zeros((p, d), dtype)
         return jax.lax.fori_loop(0, p, column, (zeros, zeros, jnp.zeros(p, bool)))
 
+    # The basis is preallocated (static shapes), but a pass over it reads only the blocks filled so far
+    # (a loop over blocks with a traced trip count), and once: with the whole (m p, d) basis in one
+    # matrix product, zero rows included, four passes per block step made the basis reads, not the
+    # products with H, the cost of a run (issue 30).
+    def project_out(X, Q, W, lo, hi):
+        """Classical Gram-Schmidt of the rows of X against the blocks lo..hi-1: (X - C W, C), with the
+        coefficients C = X Q^T ((rows, m p), zero outside those blocks), reading each block once."""
+
+        def block(b, carry):
+            acc, C = carry
+            Qb = jax.lax.dynamic_slice_in_dim(Q, b * p, p)
+            Wb = Qb if euclid else jax.lax.dynamic_slice_in_dim(W, b * p, p)
+            Cb = X @ Qb.T
+            return acc + Cb @ Wb, jax.lax.dynamic_update_slice_in_dim(C, Cb, b * p, 1)
+
+        acc, C = jax.lax.fori_loop(lo, hi, block, (jnp.zeros_like(X), jnp.zeros((X.shape[0], N), dtype)))
+        return X - acc, C
+
     Q = jnp.zeros((N, d), dtype)
-    W = Q if euclid else jnp.zeros((N, d), dtype)
+    W = None if euclid else jnp.zeros((N, d), dtype)
     V0 = gb(Z)
     start_scale = jnp.sqrt(jnp.max(jnp.maximum(jnp.sum(V0 * Z, axis=1), 0.0)))
-    Q0, W0, alive0 = orthonormalize(V0, Z, Q, W, 0, start_scale)
+    Q0, W0, alive0 = orthonormalize(V0, Z, Q, Q if euclid else W, 0, start_scale)
     Q = Q.at[:p].set(Q0)
-    W = Q if euclid else W.at[:p].set(W0)
+    W = None if euclid else W.at[:p].set(W0)
     alive = jnp.zeros(N, bool).at[:p].set(alive0)
     T = jnp.zeros((N, N), dtype)
 
@@ -154,11 +174,16 @@ def block_lanczos(
         s = j * p
         Qj = jax.lax.dynamic_slice_in_dim(Q, s, p)
         Hraw = hb(Qj)  # = G E Q_j
-        C = Hraw @ Q.T  # rows of T (later blocks' columns are zero rows of Q: filled at their step)
+        # "twice is enough", with a cheap first pass: in exact arithmetic H Q_j lies in the span of the
+        # blocks j - 1, j and the residual, so the first pass (against those two blocks) removes all but
+        # round-off, and one pass against every filled block removes that.  T's rows are the sum of the
+        # two passes' coefficients: H Q_j Q^T up to round-off (later blocks' entries
+        # are filled at their own step, by symmetry).
+        Hres, C = project_out(Hraw, Q, W, jnp.maximum(j - 1, 0), j + 1)
+        Hres, C2 = project_out(Hres, Q, W, 0, j + 1)
+        C = C + C2
         T = jax.lax.dynamic_update_slice(T, C, (s, 0))
         T = jax.lax.dynamic_update_slice(T, C.T, (0, s))
-        Hres = Hraw - C @ W
-        Hres = Hres - (Hres @ Q.T) @ W  # twice is enough
         # a residual at round-off (an invariant subspace) is set to 0 before G^{-1}: a CG solve on
         # rounding noise may fail, and the column is a breakdown either way
         rn = jnp.linalg.norm(Hres, axis=1)
@@ -172,9 +197,9 @@ def block_lanczos(
     def body(j, carry):
         Q, W, T, alive, scale = carry
         T, Hres, Vres, scale = step(j, Q, W, T, scale)
-        Qn, Wn, al = orthonormalize(Vres, Hres, Q, W, (j + 1) * p, scale)
+        Qn, Wn, al = orthonormalize(Vres, Hres, Q, Q if euclid else W, (j + 1) * p, scale)
         Q = jax.lax.dynamic_update_slice_in_dim(Q, Qn, (j + 1) * p, 0)
-        W = Q if euclid else jax.lax.dynamic_update_slice_in_dim(W, Wn, (j + 1) * p, 0)
+        W = None if euclid else jax.lax.dynamic_update_slice_in_dim(W, Wn, (j + 1) * p, 0)
         alive = jax.lax.dynamic_update_slice_in_dim(alive, al, (j + 1) * p, 0)
         return Q, W, T, alive, scale
 
@@ -287,14 +312,18 @@ class ResumableBlockLanczos:
             Q, W = self._Q[: self.n], self._W[: self.n]
             Hraw = np.asarray(self.hb(jnp.asarray(Q[s : s + p])), self.dtype)
             self.products += p
-            C = Hraw @ Q.T  # (p, n)
+            lo = max(s - p, 0)  # as block_lanczos: a pass against blocks j - 1 and j, then one against all
+            C = np.zeros((p, self.n), self.dtype)
+            C[:, lo : s + p] = Hraw @ Q[lo : s + p].T
+            Hres = Hraw - C[:, lo : s + p] @ W[lo : s + p]
+            C2 = Hres @ Q.T  # (p, n)
+            Hres = Hres - C2 @ W
+            C += C2
             T = np.zeros((self.n, self.n), self.dtype)
             T[: self._T.shape[0], : self._T.shape[1]] = self._T
             T[s : s + p, :] = C
             T[:, s : s + p] = C.T
             self._T = T
-            Hres = Hraw - C @ W
-            Hres = Hres - (Hres @ Q.T) @ W
             rn = np.linalg.norm(Hres, axis=1)
             with np.errstate(invalid="ignore"):
                 Hres[rn <= self.tol * np.max(np.linalg.norm(Hraw, axis=1))] = 0.0  # round-off: see block_lanczos

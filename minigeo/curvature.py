@@ -47,7 +47,7 @@ from ._spectral import (
     trace_by_method,
 )
 from ._restrict import restricted_loss
-from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel
+from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from ._metric import Metric, _matrix_field, metric_field
 
 __all__ = [
@@ -169,11 +169,20 @@ def hessian(
     Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the Hessian as a bilinear form). Chapter 4.
     """
     f = bind_batch(f, batch)
-    flat, unravel = ravel(params)
-    check_dense_size(flat.size, max_size, "The Hessian")
-    H = jax.hessian(lambda q: f(unravel(q)))(flat)
+    check_dense_size(tree_size(params), max_size, "The Hessian")
+    H = _compiled_dense_hessian(f, params)
     check_finite(H, "The Hessian", hint="The loss is not twice differentiable here, or overflowed.")
     return H
+
+
+def _dense_hessian(f: Callable[[PyTree], jax.Array], params: PyTree) -> jax.Array:
+    flat, unravel = ravel(params)
+    return jax.hessian(lambda q: f(unravel(q)))(flat)
+
+
+# traced at every call (never stale), compiled once per traced program: run op by op, an eager
+# jax.hessian compiles each of its small operations separately (seconds on first use)
+_compiled_dense_hessian = jit_per_callable(_dense_hessian)
 
 
 def _metric_at(metric: Metric | None, x: jax.Array) -> jax.Array:
@@ -240,16 +249,38 @@ def christoffel_symbols(metric: Metric | jax.Array | None, x: jax.Array) -> jax.
     metric = metric_field(metric, "christoffel_symbols")
     if metric is None:  # the Euclidean metric of these coordinates: constant, so every symbol is 0
         return jnp.zeros((x.shape[0],) * 3, dtype=x.dtype)
-    metric_fn = _matrix_field(metric)
-    G = _metric_at(metric, x)
+    Gamma, G = _compiled_christoffel(_matrix_field(metric), x)
+    _check_metric_value(G)
+    check_finite(Gamma, "The Christoffel symbols")
+    return Gamma
+
+
+def _christoffel(metric_fn: Callable[[jax.Array], jax.Array], x: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """``(Gamma, G(x))``; the shape of ``G`` is checked while tracing, its values by the caller."""
     d = x.shape[0]
+    G = metric_fn(x)
+    check_square_matrix(G, d, "the metric at x")
     dG = jax.jacfwd(metric_fn)(x)  # dG[a, b, c] = d_c G_ab
     # A[l, i, j] = d_i G_lj + d_j G_li - d_l G_ij = dG[l, j, i] + dG[l, i, j] - dG[i, j, l]
     A = jnp.transpose(dG, (0, 2, 1)) + dG - jnp.transpose(dG, (2, 0, 1))
     cho = jsl.cho_factor(G, lower=True)
-    Gamma = 0.5 * jsl.cho_solve(cho, A.reshape(d, d * d)).reshape(d, d, d)
-    check_finite(Gamma, "The Christoffel symbols")
-    return Gamma
+    return 0.5 * jsl.cho_solve(cho, A.reshape(d, d * d)).reshape(d, d, d), G
+
+
+def _check_metric_value(G: jax.Array) -> None:
+    check_spd(G, "the metric", rtol=symmetry_rtol(G))
+
+
+def _riemannian_hessian(fns: tuple, x: jax.Array) -> tuple[jax.Array, ...]:
+    """``(H - Gamma . grad f, autodiff H, G(x))`` in one program (``fns = (f, metric_fn)``)."""
+    f, metric_fn = fns
+    H = jax.hessian(f)(x)
+    Gamma, G = _christoffel(metric_fn, x)
+    return H - jnp.einsum("kij,k->ij", Gamma, jax.grad(f)(x)), H, G
+
+
+_compiled_christoffel = jit_per_callable(_christoffel)
+_compiled_riemannian_hessian = jit_per_callable(_riemannian_hessian)
 
 
 def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric: Metric | jax.Array | None, x: jax.Array) -> jax.Array:
@@ -298,11 +329,14 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric: Metric | jax
     """
     _check_coords(x, "riemannian_hessian")
     metric = metric_field(metric, "riemannian_hessian")
-    H = hessian(f, x)
     if metric is None:
-        return H
-    Gamma = christoffel_symbols(metric, x)
-    return H - jnp.einsum("kij,k->ij", Gamma, jax.grad(f)(x))
+        return hessian(f, x)
+    check_dense_size(x.shape[0], DEFAULT_MAX_DENSE_SIZE, "The Hessian")
+    R, H, G = _compiled_riemannian_hessian((f, _matrix_field(metric)), x)
+    _check_metric_value(G)
+    check_finite(H, "The Hessian", hint="The loss is not twice differentiable here, or overflowed.")
+    check_finite(R, "The Riemannian Hessian")
+    return R
 
 
 def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric: Metric | jax.Array | None, x: jax.Array) -> jax.Array:
@@ -697,7 +731,8 @@ def top_eigenvalues(
     **Algorithm.**  Block Lanczos in the :math:`G`-inner product with full reorthogonalization,
     from a block of :math:`p` random start vectors (``block_size``; default :math:`p = k`).  Each
     block step is one batched (``vmap``-ed) product of the block with :math:`H` and one with :math:`G^{-1}` (identity, diagonal, or CG solves); the new
-    block is :math:`G`-orthonormalized against the whole basis (twice).  Rayleigh-Ritz on the
+    block is :math:`G`-orthonormalized against the last two blocks and then once against the whole
+    basis (twice in all; each pass reads only the filled blocks).  Rayleigh-Ritz on the
     projected matrix :math:`T = Q^\top H Q` (formed from the products, not from a recurrence)
     gives the Ritz values :math:`\theta_1 \ge \dots \ge \theta_k` and :math:`G`-orthonormal Ritz
     vectors :math:`Y`.  Repeated eigenvalues are the normal case in networks (symmetries,

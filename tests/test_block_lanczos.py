@@ -1,0 +1,95 @@
+"""The block Lanczos recurrence itself (``minigeo._eigen``), against dense linear algebra.
+
+``block_lanczos`` (device) and ``ResumableBlockLanczos`` (host) must return a ``G``-orthonormal
+basis ``Q`` and the exact Rayleigh quotient ``T = Q H Q^T`` up to round-off, with a repeated
+eigenvalue, a large condition number and a non-identity metric, in float32 and float64.  Issue 30
+changed how the basis is reorthogonalized (each pass reads only the filled blocks; the first pass is
+against the last two blocks): these tests hold what must not change.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from minigeo._eigen import ResumableBlockLanczos, block_lanczos
+
+
+def _problem(seed: int, d: int = 48):
+    """A symmetric H with a fourfold top eigenvalue, condition ~1e4, and an SPD metric G (cond ~1e2)."""
+    r = np.random.default_rng(seed)
+    U = np.linalg.qr(r.standard_normal((d, d)))[0]
+    lam = np.concatenate([[10.0] * 4, np.geomspace(5.0, 1e-3, d - 4)]) * r.choice([-1.0, 1.0], d)
+    lam[:4] = 10.0
+    H = (U * lam) @ U.T
+    V = np.linalg.qr(r.standard_normal((d, d)))[0]
+    G = (V * np.geomspace(1.0, 100.0, d)) @ V.T
+    return H, G
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("metric", [False, True])
+def test_basis_is_orthonormal_and_T_is_the_rayleigh_quotient(dtype, metric):
+    H, G = _problem(0)
+    d, p, m = H.shape[0], 3, 7
+    Hj, Gj = jnp.asarray(H, dtype), jnp.asarray(G, dtype)
+    Ginv = jnp.asarray(np.linalg.inv(G), dtype)
+    apply_ginv = (lambda v: Ginv @ v) if metric else None
+    Gm = G if metric else np.eye(d)
+    Z = jax.random.normal(jax.random.PRNGKey(1), (p, d), dtype)
+    run = jax.jit(lambda Z: block_lanczos(lambda v: Hj @ v, apply_ginv, Z, m, key=jax.random.PRNGKey(2), return_basis=True))
+    T, alive, M, Q = (np.asarray(x, np.float64) if x.dtype != bool else np.asarray(x) for x in run(Z))
+    eps = float(jnp.finfo(dtype).eps)
+    cond_g = np.linalg.cond(Gm)
+    assert alive.all()
+    np.testing.assert_allclose(Q @ Gm @ Q.T, np.eye(m * p), atol=50 * eps * cond_g)
+    # the Rayleigh quotient of the computed basis, formed in float64
+    np.testing.assert_allclose(T, Q @ H @ Q.T, atol=50 * eps * cond_g * np.abs(H).max() * np.sqrt(d))
+    # block tridiagonal up to round-off: blocks two or more apart are zero in exact arithmetic
+    far = np.abs(np.subtract.outer(np.arange(m * p) // p, np.arange(m * p) // p)) >= 2
+    assert np.abs(T[far]).max() <= 50 * eps * cond_g * np.abs(H).max() * np.sqrt(d)
+    # the residual Gram matrix M is that of E Q_last - (projections), computed densely
+    E = np.linalg.solve(Gm, H)
+    R = Q[-p:] @ E.T - T[-p:] @ Q  # rows: E q_i minus its components in the basis
+    np.testing.assert_allclose(M, R @ Gm @ R.T, atol=100 * eps * cond_g * np.abs(H).max() ** 2 * d)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_host_recurrence_matches_device(dtype):
+    H, G = _problem(3)
+    d, p, m = H.shape[0], 4, 6
+    Hj = jnp.asarray(H, dtype)
+    Z = jax.random.normal(jax.random.PRNGKey(4), (p, d), dtype)
+    key = jax.random.PRNGKey(5)
+    T_dev, alive_dev, M_dev = block_lanczos(lambda v: Hj @ v, None, Z, m, key=key)
+    host = ResumableBlockLanczos(lambda X: X @ Hj.T, None, Z, key=key)
+    T_host, alive_host, M_host = host.projected(m)
+    eps = float(jnp.finfo(dtype).eps)
+    tol = 1e3 * eps * np.abs(H).max()
+    np.testing.assert_allclose(np.asarray(T_host, np.float64), np.asarray(T_dev, np.float64), atol=tol)
+    np.testing.assert_array_equal(np.asarray(alive_host), np.asarray(alive_dev))
+    np.testing.assert_allclose(np.asarray(M_host, np.float64), np.asarray(M_dev, np.float64), atol=tol * np.abs(H).max())
+    assert host.products == m * p
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_invariant_subspace_restarts_and_spans_everything(dtype):
+    """A rank-5 H: the Krylov space closes after two blocks of 3; the restarts keep the basis
+    orthonormal, T stays the Rayleigh quotient, and once the basis spans all d = 12 directions the
+    remaining rows are dead."""
+    r = np.random.default_rng(7)
+    d, p, m = 12, 3, 5
+    B = r.standard_normal((d, 5))
+    H = B @ B.T
+    Hj = jnp.asarray(H, dtype)
+    Z = jax.random.normal(jax.random.PRNGKey(8), (p, d), dtype)
+    T, alive, M, Q = block_lanczos(lambda v: Hj @ v, None, Z, m, key=jax.random.PRNGKey(9), return_basis=True)
+    T, Q, alive = np.asarray(T, np.float64), np.asarray(Q, np.float64), np.asarray(alive)
+    eps = float(jnp.finfo(dtype).eps)
+    assert alive.sum() == d and not alive[d:].any()
+    Ql = Q[alive]
+    np.testing.assert_allclose(Ql @ Ql.T, np.eye(d), atol=100 * eps)
+    np.testing.assert_allclose(T[np.ix_(alive, alive)], Ql @ H @ Ql.T, atol=100 * eps * np.abs(H).max() * d)
+    np.testing.assert_allclose(np.sort(np.linalg.eigvalsh(T[np.ix_(alive, alive)])), np.linalg.eigvalsh(H),
+                               atol=100 * eps * np.abs(H).max() * d)
