@@ -143,6 +143,35 @@ def test_dense_metric_matrix_follows_state_its_product_reads(index, dtype):
     _reset()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index", [0, 3, 6, 8, 9])
+def test_dense_hessian_and_riemannian_hessian_follow_state(index, dtype):
+    """mg.hessian, christoffel_symbols and riemannian_hessian compile once per traced program: after
+    the state that f (or the metric field) reads changes, each is the fresh dense computation."""
+    _reset()
+    name, f, mutate = _cases()[index]
+    p = jnp.asarray([1.0, 2.0, -1.0], dtype)
+    # a metric field that reads the same state through f: G(x) = I + diag(x^2) * f(x)^2 / (1 + f(x)^2)
+    Gfn = lambda x: jnp.eye(3, dtype=x.dtype) + jnp.diag(x**2) * f(x) ** 2 / (1 + f(x) ** 2)
+    metric = mg.dense_metric(Gfn)
+
+    def fresh():
+        G = Gfn(p)
+        dG = jax.jacfwd(Gfn)(p)
+        A = jnp.transpose(dG, (0, 2, 1)) + dG - jnp.transpose(dG, (2, 0, 1))
+        Gamma = 0.5 * jnp.einsum("kl,lij->kij", jnp.linalg.inv(G), A)
+        H = jax.hessian(f)(p)
+        return H, Gamma, H - jnp.einsum("kij,k->ij", Gamma, jax.grad(f)(p))
+
+    for _ in range(2):
+        H, Gamma, R = fresh()
+        close(mg.hessian(f, p), H, dtype)
+        close(mg.christoffel_symbols(metric, p), Gamma, dtype)
+        close(mg.riemannian_hessian(f, metric, p), R, dtype)
+        mutate()
+    _reset()
+
+
 def test_signed_zero_closed_over_as_a_python_float():
     """1/(-0.0) = -inf: a program keyed on 0.0 == -0.0 would return the +0.0 answer."""
     state = {"z": 0.0}
