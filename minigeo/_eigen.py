@@ -20,8 +20,8 @@ records the rows ``(H Q_j) Q^T`` of the projected matrix ``T = Q H Q^T`` (so ``T
 Rayleigh quotient of the basis up to round-off, not a recurrence that round-off can bend), removes
 the basis components twice (full reorthogonalization: first against the blocks ``j - 1`` and ``j``,
 which hold all of ``H Q_j`` but the residual in exact arithmetic, then against every filled block,
-which removes the round-off; each pass reads each block once), applies ``G^{-1}`` and ``G``-orthonormalizes the
-residual block column by column (Gram-Schmidt, twice).  A residual column below
+which removes the round-off; each pass reads each block once), applies ``G^{-1}`` and
+``G``-orthonormalizes the residual block column by column (Gram-Schmidt, twice).  A residual column below
 ``breakdown_tol * scale`` is a breakdown (an invariant subspace, e.g. a low-rank Hessian): it is
 replaced by a random vector ``G``-orthogonal to the basis (or, once the basis spans the whole
 space, by a zero row marked dead).  After the last block, ``E Y - Y Theta`` for the Ritz vectors
@@ -177,8 +177,8 @@ def block_lanczos(
         # "twice is enough", with a cheap first pass: in exact arithmetic H Q_j lies in the span of the
         # blocks j - 1, j and the residual, so the first pass (against those two blocks) removes all but
         # round-off, and one pass against every filled block removes that.  T's rows are the sum of the
-        # two passes' coefficients: H Q_j Q^T up to round-off (later blocks' entries
-        # are filled at their own step, by symmetry).
+        # two passes' coefficients: H Q_j Q^T up to round-off (later blocks' entries are filled at
+        # their own step, by symmetry).
         Hres, C = project_out(Hraw, Q, W, jnp.maximum(j - 1, 0), j + 1)
         Hres, C2 = project_out(Hres, Q, W, 0, j + 1)
         C = C + C2

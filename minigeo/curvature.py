@@ -171,8 +171,12 @@ def hessian(
     f = bind_batch(f, batch)
     check_dense_size(tree_size(params), max_size, "The Hessian")
     H = _compiled_dense_hessian(f, params)
-    check_finite(H, "The Hessian", hint="The loss is not twice differentiable here, or overflowed.")
+    _check_hessian_finite(H)
     return H
+
+
+def _check_hessian_finite(H: jax.Array) -> None:
+    check_finite(H, "The Hessian", hint="The loss is not twice differentiable here, or overflowed.")
 
 
 def _dense_hessian(f: Callable[[PyTree], jax.Array], params: PyTree) -> jax.Array:
@@ -192,7 +196,7 @@ def _metric_at(metric: Metric | None, x: jax.Array) -> jax.Array:
         return jnp.eye(d, dtype=x.dtype)
     G = metric_fn(x)
     check_square_matrix(G, d, "the metric at x")
-    check_spd(G, "the metric", rtol=symmetry_rtol(G))
+    _check_metric_value(G)
     return G
 
 
@@ -334,7 +338,7 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric: Metric | jax
     check_dense_size(x.shape[0], DEFAULT_MAX_DENSE_SIZE, "The Hessian")
     R, H, G = _compiled_riemannian_hessian((f, _matrix_field(metric)), x)
     _check_metric_value(G)
-    check_finite(H, "The Hessian", hint="The loss is not twice differentiable here, or overflowed.")
+    _check_hessian_finite(H)
     check_finite(R, "The Riemannian Hessian")
     return R
 
