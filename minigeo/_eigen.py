@@ -115,8 +115,8 @@ def block_lanczos(
             v, h = V[i], Hc[i]
             for _ in range(2):  # against the new rows so far (zero rows beyond i), twice
                 c = Qn @ h
-                h = h - Wn.T @ c
                 v = v - Qn.T @ c
+                h = v if euclid else h - Wn.T @ c  # G = I: V is Hc and Wn is Qn, computed once
             nrm = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
             broke = nrm <= tol * scale  # NaN is not a breakdown: it propagates into T
 
@@ -137,6 +137,9 @@ def block_lanczos(
                 return v / safe, h / safe, jnp.asarray(True)
 
             q, w, ok = jax.lax.cond(broke, restart, normalize, None)
+            if euclid:
+                Qn = Qn.at[i].set(q)
+                return Qn, Qn, alive.at[i].set(ok)
             return Qn.at[i].set(q), Wn.at[i].set(w), alive.at[i].set(ok)
 
         zeros = jnp.zeros((p, d), dtype)
@@ -194,18 +197,26 @@ def block_lanczos(
         scale = jnp.maximum(scale, jnp.maximum(jnp.max(jnp.abs(A)), jnp.sqrt(jnp.max(jnp.maximum(res2, 0.0)))))
         return T, Hres, Vres, scale
 
+    # All m block steps run in the loop, so the products with H and G^{-1} are traced and compiled
+    # once (a last step after the loop compiled them twice).  The last step's residual block is not
+    # written into the basis (no spare block): its write is replaced by the block already there.
     def body(j, carry):
-        Q, W, T, alive, scale = carry
+        Q, W, T, alive, scale, _, _ = carry
         T, Hres, Vres, scale = step(j, Q, W, T, scale)
         Qn, Wn, al = orthonormalize(Vres, Hres, Q, Q if euclid else W, (j + 1) * p, scale)
-        Q = jax.lax.dynamic_update_slice_in_dim(Q, Qn, (j + 1) * p, 0)
-        W = None if euclid else jax.lax.dynamic_update_slice_in_dim(W, Wn, (j + 1) * p, 0)
-        alive = jax.lax.dynamic_update_slice_in_dim(alive, al, (j + 1) * p, 0)
-        return Q, W, T, alive, scale
+        last = j == m - 1
+        s = jnp.minimum(j + 1, m - 1) * p
+
+        def write(X, new):
+            return jax.lax.dynamic_update_slice_in_dim(X, jnp.where(last, jax.lax.dynamic_slice_in_dim(X, s, p), new), s, 0)
+
+        Q = write(Q, Qn)
+        W = None if euclid else write(W, Wn)
+        alive = write(alive, al)
+        return Q, W, T, alive, scale, Hres, Vres
 
     scale0 = jnp.zeros((), dtype)
-    Q, W, T, alive, scale = jax.lax.fori_loop(0, m - 1, body, (Q, W, T, alive, scale0))
-    T, Hres, Vres, _ = step(m - 1, Q, W, T, scale)
+    Q, W, T, alive, _, Hres, Vres = jax.lax.fori_loop(0, m, body, (Q, W, T, alive, scale0, jnp.zeros_like(Z), jnp.zeros_like(Z)))
     M = Vres @ Hres.T
     if return_basis:
         return 0.5 * (T + T.T), alive, 0.5 * (M + M.T), Q

@@ -93,3 +93,37 @@ def test_invariant_subspace_restarts_and_spans_everything(dtype):
     np.testing.assert_allclose(T[np.ix_(alive, alive)], Ql @ H @ Ql.T, atol=100 * eps * np.abs(H).max() * d)
     np.testing.assert_allclose(np.sort(np.linalg.eigvalsh(T[np.ix_(alive, alive)])), np.linalg.eigvalsh(H),
                                atol=100 * eps * np.abs(H).max() * d)
+
+
+@pytest.mark.parametrize("metric", [False, True])
+def test_products_are_traced_once(metric):
+    """All ``m`` block steps run inside one loop: ``apply_h`` and ``apply_ginv`` are traced once (a last
+    step after the loop traced, and compiled, them twice), and the basis stays ``m p`` rows."""
+    H, G = _problem(5, d=24)
+    Hj, Ginv = jnp.asarray(H), jnp.asarray(np.linalg.inv(G))
+    traces = {"h": 0, "g": 0}
+
+    def apply_h(v):
+        traces["h"] += 1
+        return Hj @ v
+
+    def apply_ginv(v):
+        traces["g"] += 1
+        return Ginv @ v
+
+    p, m = 2, 5
+    Z = jax.random.normal(jax.random.PRNGKey(1), (p, 24), jnp.float64)
+    T, alive, M, Q = jax.jit(
+        lambda Z: block_lanczos(apply_h, apply_ginv if metric else None, Z, m, key=jax.random.PRNGKey(2), return_basis=True)
+    )(Z)
+    assert traces["h"] == 1
+    # G^{-1}: the start block and its restart vector, then the residual block and its restart vector
+    # inside the loop (a last step after the loop added a fifth)
+    assert traces["g"] == (4 if metric else 0)
+    assert Q.shape == (m * p, 24) and T.shape == (m * p, m * p)
+    # the last step's residual is the one the certificate uses: M = R G R^T
+    Gm = G if metric else np.eye(24)
+    E = np.linalg.solve(Gm, H)
+    Qn, Tn = np.asarray(Q), np.asarray(T)
+    R = Qn[-p:] @ E.T - Tn[-p:] @ Qn
+    np.testing.assert_allclose(np.asarray(M), R @ Gm @ R.T, atol=1e-10 * np.abs(H).max() ** 2)
