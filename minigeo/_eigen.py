@@ -167,10 +167,7 @@ def block_lanczos(
     W = None if euclid else jnp.zeros((N, d), dtype)
     V0 = gb(Z)
     start_scale = jnp.sqrt(jnp.max(jnp.maximum(jnp.sum(V0 * Z, axis=1), 0.0)))
-    Q0, W0, alive0 = orthonormalize(V0, Z, Q, Q if euclid else W, 0, start_scale)
-    Q = Q.at[:p].set(Q0)
-    W = None if euclid else W.at[:p].set(W0)
-    alive = jnp.zeros(N, bool).at[:p].set(alive0)
+    alive = jnp.zeros(N, bool)
     T = jnp.zeros((N, N), dtype)
 
     def step(j, Q, W, T, scale):
@@ -197,26 +194,23 @@ def block_lanczos(
         scale = jnp.maximum(scale, jnp.maximum(jnp.max(jnp.abs(A)), jnp.sqrt(jnp.max(jnp.maximum(res2, 0.0)))))
         return T, Hres, Vres, scale
 
-    # All m block steps run in the loop, so the products with H and G^{-1} are traced and compiled
-    # once (a last step after the loop compiled them twice).  The last step's residual block is not
-    # written into the basis (no spare block): its write is replaced by the block already there.
+    # One loop body: G-orthonormalize the pending block (the start block at j = 0, else the last
+    # residual) into block j, then run block step j.  So orthonormalization and the products with H
+    # and G^{-1} are traced and compiled once each (a start block orthonormalized before the loop and
+    # a last step after it compiled them twice), and the residual left pending after the last step is
+    # the one the certificate needs.
     def body(j, carry):
-        Q, W, T, alive, scale, _, _ = carry
+        Q, W, T, alive, scale, Vp, Hp = carry
+        # the start block's breakdown test is relative to its own size; later ones to H's scale so far
+        Qn, Wn, al = orthonormalize(Vp, Hp, Q, Q if euclid else W, j * p, jnp.where(j == 0, start_scale, scale))
+        Q = jax.lax.dynamic_update_slice_in_dim(Q, Qn, j * p, 0)
+        W = None if euclid else jax.lax.dynamic_update_slice_in_dim(W, Wn, j * p, 0)
+        alive = jax.lax.dynamic_update_slice_in_dim(alive, al, j * p, 0)
         T, Hres, Vres, scale = step(j, Q, W, T, scale)
-        Qn, Wn, al = orthonormalize(Vres, Hres, Q, Q if euclid else W, (j + 1) * p, scale)
-        last = j == m - 1
-        s = jnp.minimum(j + 1, m - 1) * p
-
-        def write(X, new):
-            return jax.lax.dynamic_update_slice_in_dim(X, jnp.where(last, jax.lax.dynamic_slice_in_dim(X, s, p), new), s, 0)
-
-        Q = write(Q, Qn)
-        W = None if euclid else write(W, Wn)
-        alive = write(alive, al)
-        return Q, W, T, alive, scale, Hres, Vres
+        return Q, W, T, alive, scale, Vres, Hres
 
     scale0 = jnp.zeros((), dtype)
-    Q, W, T, alive, _, Hres, Vres = jax.lax.fori_loop(0, m, body, (Q, W, T, alive, scale0, jnp.zeros_like(Z), jnp.zeros_like(Z)))
+    Q, W, T, alive, _, Vres, Hres = jax.lax.fori_loop(0, m, body, (Q, W, T, alive, scale0, V0, Z))
     M = Vres @ Hres.T
     if return_basis:
         return 0.5 * (T + T.T), alive, 0.5 * (M + M.T), Q

@@ -599,42 +599,38 @@ def lanczos_tridiagonal(
 
     Q = jnp.zeros((m, d), dtype=dtype)  # rows: the G-orthonormal basis q_i
     W = jnp.zeros((m, d), dtype=dtype)  # rows: G q_i, so that <q_i, x>_G = q_i^T (G x)
-    q = apply_ginv(z)  # <q, q>_G = q^T G q = q^T z
-    norm = jnp.sqrt(jnp.maximum(jnp.vdot(q, z), 0.0))
-    q0, w0 = jax.lax.cond(
-        norm > 0,
-        lambda _: (q / jnp.where(norm > 0, norm, 1.0), z / jnp.where(norm > 0, norm, 1.0)),
-        lambda _: restart(m, Q, W),
-        None,
-    )
-    Q, W = Q.at[0].set(q0), W.at[0].set(w0)
     alphas = jnp.zeros(m, dtype=dtype)
     betas = jnp.zeros(m, dtype=dtype)
     scale0 = jnp.zeros((), dtype=dtype)
 
+    # One loop body: normalize the pending vector (G^{-1} z at i = 0, else the last residual) into
+    # q_i, or restart there on a breakdown, then run step i.  The restart and the products are traced
+    # once (a start vector normalized before the loop traced the restart twice).
     def body(i, carry):
-        Q, W, alphas, betas, scale = carry
-        h = apply_h(Q[i])  # = G (E q_i)
-        alpha = jnp.vdot(Q[i], h)
+        Q, W, alphas, betas, scale, v, h = carry
+        nrm = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))  # <v, v>_G = v^T h: |z|_{G^-1} at i = 0, else beta_{i-1}
+        # the start restarts only from a zero z; later a residual at round-off of the scale so far is a
+        # breakdown (NaN is not one: it propagates into T)
+        broke = jnp.where(i == 0, ~(nrm > 0), nrm <= tol * scale)
+
+        def normalize(_):
+            safe = jnp.where(nrm > 0, nrm, 1.0)
+            return v / safe, h / safe
+
+        q, w = jax.lax.cond(broke, lambda _: restart(jnp.where(i == 0, m, i - 1), Q, W), normalize, None)
+        Q, W = Q.at[i].set(q), W.at[i].set(w)
+        prev = jnp.maximum(i - 1, 0)
+        betas = betas.at[prev].set(jnp.where(broke & (i > 0), 0.0, betas[prev]))
+        h = apply_h(q)  # = G (E q_i)
+        alpha = jnp.vdot(q, h)
         h = reorth(h, Q, W)
         v = apply_ginv(h)
         beta = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
         scale = jnp.maximum(scale, jnp.maximum(jnp.abs(alpha), beta))
-        nxt = jnp.minimum(i + 1, m - 1)
-        keep = i + 1 < m
-        broke = keep & (beta <= tol * scale)  # NaN is not a breakdown: it propagates into T
+        return Q, W, alphas.at[i].set(alpha), betas.at[i].set(beta), scale, v, h
 
-        def normalize(_):
-            safe = jnp.where(beta > 0, beta, 1.0)
-            return v / safe, h / safe
-
-        q_next, w_next = jax.lax.cond(broke, lambda _: restart(i, Q, W), normalize, None)
-        beta = jnp.where(broke, 0.0, beta)
-        Q = Q.at[nxt].set(jnp.where(keep, q_next, Q[nxt]))
-        W = W.at[nxt].set(jnp.where(keep, w_next, W[nxt]))
-        return Q, W, alphas.at[i].set(alpha), betas.at[i].set(beta), scale
-
-    _, _, alphas, betas, _ = jax.lax.fori_loop(0, m, body, (Q, W, alphas, betas, scale0))
+    carry = (Q, W, alphas, betas, scale0, apply_ginv(z), z)
+    _, _, alphas, betas, *_ = jax.lax.fori_loop(0, m, body, carry)
     T = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
     return (T, betas[-1]) if return_residual else T
 
