@@ -30,6 +30,7 @@ space, by a zero row marked dead).  After the last block, ``E Y - Y Theta`` for 
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Iterable
 
 import jax
@@ -399,6 +400,26 @@ def _accepted(theta: jax.Array, bounds: jax.Array, valid: jax.Array, T: jax.Arra
     return ok, allowed
 
 
+@functools.partial(jax.jit, static_argnames=("k",))
+def _certify(
+    T: jax.Array, alive: jax.Array, M: jax.Array, Q: jax.Array | None, rtol: Any, certify: Any, *, k: int
+) -> tuple[Any, ...]:
+    """Rayleigh-Ritz, the certificate and the status in one compiled program (eagerly, op by op, they
+    compiled some 50 small programs for every new size of ``T``).  Returns ``(values, Y, status, theta,
+    bounds, ok, allowed)``: ``values`` are the certified Ritz values (NaN where not certified; with
+    ``certify`` False only dead rows are NaN), ``Y`` the Ritz vectors ``S^T Q`` (``None`` without
+    ``Q``; NaN rows where ``values`` is NaN)."""
+    theta, bounds, valid, *S = ritz_certificate(T, alive, M, k, return_vectors=Q is not None)
+    ok, allowed = _accepted(theta, bounds, valid, T, rtol)  # certify is traced: one program for both
+    ok, allowed = jnp.where(certify, ok, valid), jnp.where(certify, allowed, jnp.inf)
+    values = jnp.where(ok, theta, jnp.nan)
+    Y = None if Q is None else jnp.where(jnp.isnan(values)[:, None], jnp.nan, S[0].T @ Q)  # G-orthonormal rows
+    status = jnp.where(
+        ~jnp.all(jnp.isfinite(T)), Status.NON_FINITE, jnp.where(jnp.all(jnp.isfinite(values)), Status.OK, Status.UNCERTIFIED)
+    ).astype(jnp.int32)
+    return values, Y, status, theta, bounds, ok, allowed
+
+
 #: What the last eager call of :func:`certified_top_eigenvalues` ran (for benchmarks): block steps, products.
 last_run: dict = {}
 
@@ -429,15 +450,6 @@ def certified_top_eigenvalues(
     value is: only certified pairs are returned).
     """
 
-    def out(values: jax.Array, T: jax.Array, Y: Any = None) -> jax.Array | tuple[jax.Array, ...]:
-        head = (values,) if Y is None else (values, jnp.where(jnp.isnan(values)[:, None], jnp.nan, Y))
-        if not with_status:
-            return head[0] if Y is None else head
-        status = jnp.where(
-            ~jnp.all(jnp.isfinite(T)), Status.NON_FINITE, jnp.where(jnp.all(jnp.isfinite(values)), Status.OK, Status.UNCERTIFIED)
-        ).astype(jnp.int32)
-        return (*head, status)
-
     if rtol is not None and not (isinstance(rtol, (int, float, np.floating)) and rtol > 0):
         raise GeometryError(f"top_eigenvalues: rtol must be positive or None, got {rtol!r}.")
     n = min(num_iterations, d) if num_iterations is not None else min(d, default_num_products(k, p))
@@ -446,16 +458,17 @@ def certified_top_eigenvalues(
         run = projected(m)
         T, alive, M = run[:3]
         check_finite(T, "The Lanczos projected matrix", hint=f"The {what} products are not finite.")
-        theta, bounds, valid, *S = ritz_certificate(T, alive, M, k, return_vectors=vectors)
-        Y = (S[0].T @ run[3]) if vectors else None  # the Ritz vectors, G-orthonormal rows
+        certified, Y, status, theta, bounds, ok, allowed = _certify(
+            T, alive, M, run[3] if vectors else None, 1.0 if rtol is None else rtol, rtol is not None, k=k
+        )
         if eager:
             last_run.update(blocks=m, block_size=p, products=count_products() if count_products is not None else m * p)
+        head = (certified,) if Y is None else (certified, Y)
+        result = (*head, status) if with_status else (head[0] if Y is None else head)
         if rtol is None:
-            return out(jnp.where(valid, theta, jnp.nan), T, Y)
-        ok, allowed = _accepted(theta, bounds, valid, T, rtol)
-        certified = jnp.where(ok, theta, jnp.nan)
+            return result
         if not eager or bool(jnp.all(ok)):
-            return out(certified, T, Y)
+            return result
         if num_iterations is None and m * p < d:
             m = max(m + 1, -(-3 * m // 2))
             continue

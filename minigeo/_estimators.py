@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -20,6 +22,13 @@ def rademacher_like(key: jax.Array, params: PyTree, num: int) -> PyTree:
     probing cheap models otherwise).  ``key`` must be a PRNG key (else :class:`GeometryError`).
     """
     check_key(key)
+    return _rademacher_like(key, params, num)
+
+
+# one compiled program per structure and count (op by op, eagerly, a first call compiled some 30
+# small programs)
+@functools.partial(jax.jit, static_argnums=2)
+def _rademacher_like(key: jax.Array, params: PyTree, num: int) -> PyTree:
     leaves, treedef = jax.tree_util.tree_flatten(params)
     keys = jax.random.split(key, len(leaves))
     shifts = jnp.arange(32, dtype=jnp.uint32)
@@ -47,6 +56,11 @@ def mean_and_standard_error(values: jax.Array, axis: int = 0) -> tuple[jax.Array
     >>> mean.tolist(), jnp.round(se, 6).tolist()
     ([2.0, 5.0], [1.0, 0.0])
     """
+    return _mean_and_standard_error(values, axis)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _mean_and_standard_error(values: jax.Array, axis: int) -> tuple[jax.Array, jax.Array]:
     n = values.shape[axis]
     mean = jnp.mean(values, axis=axis)
     se = jnp.std(values, axis=axis, ddof=1) / jnp.sqrt(n) if n > 1 else jnp.full_like(mean, jnp.inf)

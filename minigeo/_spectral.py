@@ -18,6 +18,8 @@ these; a new curvature matrix is one new :class:`Products` (one constructor in
 
 from __future__ import annotations
 
+import functools
+
 from typing import Any, Callable, Iterable, NamedTuple
 
 import jax
@@ -730,7 +732,7 @@ def slq_density(
             ginv_block = _checked_inverse_block(metric, params, tol, maxiter, who)
             T, alive = _per_probe(host_run(source.block_mv, ginv_block), Z)
     P = T.shape[0]
-    nodes, weights = jax.vmap(lambda t, a, n: _quadrature(t, a, n, d))(T, alive, norm2)
+    nodes, weights = _quadrature_per_probe(T, alive, norm2, d)
     check_finite(nodes, f"The {source.name} products", hint=_CG_HINT)
     check_finite(norm2, f"{who}: the probes' norms z^T G^-1 z", hint=_CG_HINT)
     result = SpectralDensity(nodes, weights, P * m)
@@ -738,6 +740,13 @@ def slq_density(
         ok = jnp.all(jnp.isfinite(nodes)) & jnp.all(jnp.isfinite(norm2))
         return result, EstimateInfo(jnp.where(ok, Status.OK, Status.NON_FINITE).astype(jnp.int32), P * m)
     return result
+
+
+@functools.partial(jax.jit, static_argnums=3)
+def _quadrature_per_probe(T: jax.Array, alive: jax.Array, norm2: jax.Array, d: int) -> tuple[jax.Array, jax.Array]:
+    """The quadrature nodes and weights of every probe, in one compiled program (eagerly, op by op, a
+    first call compiled a dozen small programs)."""
+    return jax.vmap(lambda t, a, n: _quadrature(t, a, n, d))(T, alive, norm2)
 
 
 def _per_probe(
