@@ -465,9 +465,7 @@ def certified_top_eigenvalues(
             last_run.update(blocks=m, block_size=p, products=count_products() if count_products is not None else m * p)
         head = (certified,) if Y is None else (certified, Y)
         result = (*head, status) if with_status else (head[0] if Y is None else head)
-        if rtol is None:
-            return result
-        if not eager or bool(jnp.all(ok)):
+        if rtol is None or not eager or bool(jnp.all(ok)):
             return result
         if num_iterations is None and m * p < d:
             m = max(m + 1, -(-3 * m // 2))

@@ -172,6 +172,25 @@ def test_dense_hessian_and_riemannian_hessian_follow_state(index, dtype):
     _reset()
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("index", [0, 3, 6, 8, 9])
+def test_top_eigenvalues_and_trace_follow_state(index, dtype):
+    """The certificate, the probes and the mean and standard error are compiled programs of their
+    arrays only: after the state f reads changes, the certified top eigenvalue and the Hutchinson
+    trace are those of the fresh dense Hessian (diagonal here, so every Rademacher probe is exact)."""
+    _reset()
+    name, f, mutate = _cases()[index]
+    p = jnp.asarray([1.0, 2.0, -1.0], dtype)
+    key = jax.random.PRNGKey(3)
+    for _ in range(2):
+        H = np.asarray(jax.hessian(f)(p), np.float64)
+        close(mg.top_eigenvalues(f, p, key, k=1), np.linalg.eigvalsh(H)[-1:], dtype)
+        est, _ = mg.trace_estimate(f, p, key, num_probes=4)
+        close(est, np.trace(H), dtype)
+        mutate()
+    _reset()
+
+
 def test_signed_zero_closed_over_as_a_python_float():
     """1/(-0.0) = -inf: a program keyed on 0.0 == -0.0 would return the +0.0 answer."""
     state = {"z": 0.0}
