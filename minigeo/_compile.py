@@ -31,6 +31,19 @@ steps of Lanczos), :func:`one_trace_per_call` lets the caller trace once per arg
 duration of that computation: the user's function is read once, at the start of the public call,
 as one call of a plain JAX function would read it.
 
+**Keyed on the user's program, derived on a miss.**  Tracing the whole work (a forward-over-reverse
+Hessian-vector product, a Lanczos loop around it) costs several times tracing the user's function
+alone.  So when ``fn`` is made of plain callables (a function, a tuple of them, or a
+:class:`Derived` rule over them, e.g. a GGN's product over the model and the loss), an eager call
+traces **only the user's callables**, at the argument shapes the work called them with last time
+(the *plan*), and keys the compilation on those traced programs.  On a hit the compiled program
+runs with today's constants as its arguments; only on a miss is the work traced, with each user
+callable replaced by an evaluation of its traced program (so the compiled work contains no value
+the user's function read).  That is sound because the work is minigeo's deterministic code: given
+the same user programs at the same shapes, it traces to the same program.  Arguments whose pytree
+structure carries callables (e.g. a :class:`~minigeo.Metric` passed as an argument, whose product
+the work could call directly) take the whole-trace path above.
+
 Under an outer transformation (``jit``, ``vmap``, ``grad`` of the caller) the work is traced
 inline instead: the outer compilation already covers it.
 """
@@ -48,9 +61,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-from jax._src import core as _core  # eval_jaxpr (the public jax.core alias is deprecated)
-
-__all__ = ["jit_per_callable", "one_trace_per_call"]
+__all__ = ["Derived", "jit_per_callable", "one_trace_per_call"]
 
 _CACHE_SIZE = 16  # compiled programs kept per wrapped function (least recently used dropped)
 
@@ -77,19 +88,19 @@ def _array_key(x: Any) -> tuple:
 _RULE_PARAMS = frozenset({"jvp_jaxpr_fun", "jvp_jaxpr_thunk", "jvp", "fwd_jaxpr_thunk", "bwd", "out_trees", "fwd"})
 
 
-def _value_key(x: Any, keep: list) -> Any:
+def _value_key(x: Any, keep: list, rules: bool = False) -> Any:
     if isinstance(x, jcore.ClosedJaxpr):
-        return ("C", _jaxpr_key(x.jaxpr, keep), tuple(_array_key(c) for c in x.consts))
+        return ("C", _jaxpr_key(x.jaxpr, keep, rules), tuple(_array_key(c) for c in x.consts))
     if isinstance(x, jcore.Jaxpr):
-        return ("J", _jaxpr_key(x, keep))
+        return ("J", _jaxpr_key(x, keep, rules))
     if isinstance(x, (bool, int, str, type(None))):
         return (type(x), x)
     if isinstance(x, (float, np.floating)):
         return ("f", type(x), float(x).hex())  # -0.0 and 0.0 differ
     if isinstance(x, (tuple, list)):
-        return (type(x), tuple(_value_key(y, keep) for y in x))
+        return (type(x), tuple(_value_key(y, keep, rules) for y in x))
     if isinstance(x, dict):
-        return ("d", tuple((k, _value_key(v, keep)) for k, v in sorted(x.items(), key=lambda kv: repr(kv[0]))))
+        return ("d", tuple((k, _value_key(v, keep, rules)) for k, v in sorted(x.items(), key=lambda kv: repr(kv[0]))))
     if isinstance(x, (np.ndarray, jax.Array)):
         return _array_key(x)
     try:
@@ -100,17 +111,61 @@ def _value_key(x: Any, keep: list) -> Any:
     return ("h", type(x), x)  # the object itself: held by the key, compared by its own equality
 
 
-def _params_key(eqn: Any, keep: list) -> tuple:
+def _rule_key(rule: Any, keep: list) -> tuple:
+    """The user's functions behind a custom-derivative rule (JAX wraps them in fresh objects per trace).
+
+    Walks the rule's wrappers (closure cells, ``functools.partial``, JAX's wrapped functions) to the
+    functions defined outside JAX (e.g. the ``defjvp`` rule of a model's layer norm) and keys them by
+    identity (held alive by the entry): a redefined rule is a new function, hence a new program.
+    """
+    found: list = []
+    seen: set = set()
+
+    def walk(x: Any, depth: int) -> None:
+        if depth > 8 or id(x) in seen:
+            return
+        seen.add(id(x))
+        if isinstance(x, functools.partial):
+            walk(x.func, depth + 1)
+            for a in (*x.args, *x.keywords.values()):
+                walk(a, depth + 1)
+            return
+        inner = getattr(x, "f", None)  # jax's WrappedFun
+        if inner is not None and type(x).__module__.startswith("jax"):
+            walk(inner, depth + 1)
+            return
+        if callable(x) and hasattr(x, "__code__"):
+            module = getattr(x, "__module__", "") or ""
+            if not module.startswith("jax"):
+                found.append(x)
+                return
+            for cell in x.__closure__ or ():
+                try:
+                    walk(cell.cell_contents, depth + 1)
+                except ValueError:  # an empty cell
+                    pass
+
+    walk(rule, 0)
+    if not found:  # nothing recognisable: key by the object itself (a new rule object, a new program)
+        found.append(rule)
+    keep.extend(found)
+    return ("rule", tuple(id(f) for f in found))
+
+
+def _params_key(eqn: Any, keep: list, rules: bool) -> tuple:
     custom = eqn.primitive.name.startswith("custom_")
     items = []
     for name in sorted(eqn.params):
+        value = eqn.params[name]
         if custom and name in _RULE_PARAMS:
+            if rules:  # a program that is differentiated later: its rules by the functions they wrap
+                items.append((name, _rule_key(value, keep)))
             continue
-        items.append((name, _value_key(eqn.params[name], keep)))
+        items.append((name, _value_key(value, keep, rules)))
     return tuple(items)
 
 
-def _jaxpr_key(jaxpr: Any, keep: list) -> tuple:
+def _jaxpr_key(jaxpr: Any, keep: list, rules: bool = False) -> tuple:
     """A hashable value equal for two jaxprs exactly when they compute the same thing."""
     numbers: dict[int, int] = {}
 
@@ -131,7 +186,7 @@ def _jaxpr_key(jaxpr: Any, keep: list) -> tuple:
             eqn.primitive,
             tuple(var(x) for x in eqn.invars),
             tuple((var(o), o.aval) for o in eqn.outvars),
-            _params_key(eqn, keep),
+            _params_key(eqn, keep, rules),
         )
         for eqn in jaxpr.eqns
     )
@@ -206,9 +261,17 @@ def _hoist_float_literals(jaxpr: Any, consts: list) -> tuple[Any, list]:
     return jaxpr.replace(constvars=constvars, eqns=eqns, outvars=outvars), consts
 
 
+def _as_function(jaxpr: Any) -> Callable[..., list]:
+    """``(*consts, *args) -> outputs`` of an open jaxpr (its constants made leading arguments)."""
+    opened = jaxpr.replace(constvars=[], invars=[*jaxpr.constvars, *jaxpr.invars])
+    return jcore.jaxpr_as_fun(jcore.ClosedJaxpr(opened, []))
+
+
 def _make_runner(jaxpr: Any) -> Callable:
+    fun = _as_function(jaxpr)
+
     def run(consts: list, leaves: list) -> list:
-        return _core.eval_jaxpr(jaxpr, consts, *leaves)
+        return fun(*consts, *leaves)
 
     return jax.jit(run)
 
@@ -246,19 +309,193 @@ def _signature(fn: Any, flat: list, in_tree: Any, static: dict) -> Any:
 
 
 # ---------------------------------------------------------------------------
+# the user's callables: traced alone, replayed inside the work
+# ---------------------------------------------------------------------------
+class Derived:
+    """A callable minigeo builds from a user's callables: ``Derived(rule, users, static)(*a) = rule(*users, *a, **static)``.
+
+    ``rule`` is minigeo's own (module-level, deterministic) code, e.g. the GGN product
+    :math:`J^\\top H_z J v` of a model and a loss; ``users`` are the user's callables (or nested
+    ``Derived``); ``static`` are hashable keyword arguments.  The compile layer traces only the
+    users at each eager call and keys the compiled work on their programs (module docstring).
+    """
+
+    __slots__ = ("rule", "users", "static")
+
+    def __init__(self, rule: Callable[..., Any], users: tuple, static: dict | None = None) -> None:
+        self.rule, self.users, self.static = rule, tuple(users), dict(static or {})
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self.rule(*self.users, *args, **kwargs, **self.static)
+
+
+class _Unsupported(Exception):
+    """The fast path does not apply to this call (the whole-trace path runs it)."""
+
+
+def _split_users(fn: Any) -> tuple[list, Callable[[list], Any], Any]:
+    """``(user callables, rebuild(new callables) -> fn's structure, structure key)``."""
+    if fn is None:
+        return [], (lambda us: None), None
+    if isinstance(fn, Derived):
+        parts = [_split_users(u) for u in fn.users]
+        try:
+            static = tuple(sorted(fn.static.items()))
+            hash(static)
+        except TypeError as err:
+            raise _Unsupported from err
+        sizes = [len(p[0]) for p in parts]
+
+        def rebuild(us: list) -> Derived:
+            out, i = [], 0
+            for (_, reb, _), n in zip(parts, sizes):
+                out.append(reb(us[i : i + n]))
+                i += n
+            return Derived(fn.rule, tuple(out), fn.static)
+
+        return [u for p in parts for u in p[0]], rebuild, ("D", fn.rule, static, tuple(p[2] for p in parts))
+    if isinstance(fn, tuple):
+        parts = [_split_users(u) for u in fn]
+        sizes = [len(p[0]) for p in parts]
+
+        def rebuild_tuple(us: list) -> tuple:
+            out, i = [], 0
+            for (_, reb, _), n in zip(parts, sizes):
+                out.append(reb(us[i : i + n]))
+                i += n
+            return tuple(out)
+
+        return [u for p in parts for u in p[0]], rebuild_tuple, ("T", tuple(p[2] for p in parts))
+    if callable(fn) and not isinstance(fn, type):
+        return [fn], (lambda us: us[0]), "f"
+    raise _Unsupported
+
+
+def _aval_key(x: Any) -> tuple:
+    aval = x.aval if isinstance(x, jax.core.Tracer) else jax.typeof(x)
+    return (tuple(aval.shape), aval.dtype, bool(getattr(aval, "weak_type", False)))
+
+
+def _call_key(index: int, args: tuple, kwargs: dict) -> tuple:
+    leaves, tree = jax.tree_util.tree_flatten((args, kwargs))
+    for x in leaves:
+        if not isinstance(x, (jax.Array, np.ndarray, np.generic, float, int, bool, complex)):
+            raise _Unsupported  # a non-array argument of the user's function (a string, a callable)
+    return (index, tree, tuple(_aval_key(x) for x in leaves))
+
+
+_AUX_SAFE: dict = {}
+
+
+def _aux_holds_callables(tree: Any) -> bool:
+    """Whether a pytree structure's node data hold callables (a Metric's product, say)."""
+    hit = _AUX_SAFE.get(tree)
+    if hit is not None:
+        return hit
+
+    def holds(x: Any) -> bool:
+        if isinstance(x, (tuple, list)):
+            return any(holds(y) for y in x)
+        if isinstance(x, dict):
+            return any(holds(y) for y in x.values())
+        return callable(x) and not isinstance(x, type)
+
+    def walk(t: Any) -> bool:
+        data = t.node_data()
+        if data is not None and holds(data[1]):
+            return True
+        return any(walk(c) for c in t.children())
+
+    out = walk(tree)
+    if not out and len(_AUX_SAFE) < 4096:  # a structure that holds callables is not kept (nor what they close over)
+        _AUX_SAFE[tree] = out
+    return out
+
+
+class _UserProgram:
+    """One user callable traced at one argument signature: its open jaxpr, constants and key."""
+
+    __slots__ = ("jaxpr", "consts", "out_tree", "key", "keep")
+
+    def __init__(self, user: Callable, call: tuple) -> None:
+        _, tree, avals = call
+        box: list = []
+
+        def flat_user(*leaves: Any) -> list:
+            a, k = jax.tree_util.tree_unflatten(tree, leaves)
+            out = user(*a, **k)
+            leaves_out, out_tree = jax.tree_util.tree_flatten(out)
+            box.append(out_tree)
+            return leaves_out
+
+        specs = [jax.ShapeDtypeStruct(s, d, weak_type=w) for s, d, w in avals]
+        closed = jax.make_jaxpr(flat_user)(*specs)
+        self.jaxpr, self.consts = _hoist_float_literals(closed.jaxpr, list(closed.consts))
+        self.out_tree = box[0]
+        self.keep: list = []
+        self.key = (call, _jaxpr_key(self.jaxpr, self.keep, rules=True))
+
+
+def _discover_plan(impl: Callable, users: list, rebuild: Callable, flat: list, in_tree: Any, static: dict) -> tuple:
+    """The distinct ``(user index, argument structure, avals)`` the work calls the users with (one abstract trace)."""
+    seen: dict = {}
+
+    def recorder(i: int, user: Callable) -> Callable:
+        def call(*a: Any, **k: Any) -> Any:
+            seen.setdefault(_call_key(i, a, k), None)
+            return user(*a, **k)
+
+        return call
+
+    def flat_impl(*leaves: Any) -> Any:
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+        return impl(rebuild([recorder(i, u) for i, u in enumerate(users)]), *args, **kwargs, **static)
+
+    jax.eval_shape(flat_impl, *flat)
+    return tuple(seen)
+
+
+def _make_derived_runner(impl: Callable, rebuild: Callable, n_users: int, programs: list, in_tree: Any, static: dict):
+    """The work compiled with each user call replaced by its traced program (constants as arguments)."""
+    table = {p.key[0]: (i, _as_function(p.jaxpr), len(p.consts), p.out_tree) for i, p in enumerate(programs)}
+    out_box: list = []
+
+    def run(user_consts: list, leaves: list) -> list:
+        def replayer(index: int) -> Callable:
+            def call(*a: Any, **k: Any) -> Any:
+                hit = table.get(_call_key(index, a, k))
+                if hit is None:  # not the plan's call: impossible for deterministic work
+                    raise _Unsupported
+                j, fun, _, out_tree = hit
+                return jax.tree_util.tree_unflatten(out_tree, fun(*user_consts[j], *jax.tree_util.tree_leaves((a, k))))
+
+            return call
+
+        args, kwargs = jax.tree_util.tree_unflatten(in_tree, leaves)
+        out = impl(rebuild([replayer(i) for i in range(n_users)]), *args, **kwargs, **static)
+        leaves_out, out_tree = jax.tree_util.tree_flatten(out)
+        if not out_box:
+            out_box.append(out_tree)
+        return leaves_out
+
+    return jax.jit(run), out_box
+
+
+# ---------------------------------------------------------------------------
 # the wrapper
 # ---------------------------------------------------------------------------
 def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ...] = ()) -> Callable[..., Any]:
     """``call(fn, *args, **kwargs) = impl(fn, *args, **kwargs)``, traced per call, compiled per program.
 
-    ``fn`` is the user's callable (or ``None``); ``args`` and the keyword arguments not named in
-    ``static_argnames`` are pytrees of arrays (or Python scalars, traced as weakly typed values).
-    Every call traces ``impl`` afresh, so nothing ``fn`` reads can be stale, and reuses the
-    compiled program whenever the traced program is the same (see the module docstring).  Called
-    with traced arguments, or on a function that cannot be traced (Python control flow on values),
-    ``impl`` runs inline / op by op.
+    ``fn`` is the user's callable, a tuple of them, a :class:`Derived` rule over them, or ``None``;
+    ``args`` and the keyword arguments not named in ``static_argnames`` are pytrees of arrays (or
+    Python scalars, traced as weakly typed values).  Every call traces the user's callables afresh,
+    so nothing ``fn`` reads can be stale, and reuses the compiled work whenever their traced
+    programs are the same (see the module docstring).  Called with traced arguments, or on a
+    function that cannot be traced (Python control flow on values), ``impl`` runs inline / op by op.
     """
     cache: OrderedDict = OrderedDict()  # program key -> (jitted runner, objects the key names by id)
+    plans: dict = {}  # call signature -> the user calls of the work's last trace (or None: whole-trace path)
     lock = threading.Lock()
 
     def compiled_runner(program: _Program) -> Callable:
@@ -273,12 +510,7 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
                 cache.popitem(last=False)
             return runner
 
-    @functools.wraps(impl)
-    def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
-        static = {k: kwargs.pop(k) for k in static_argnames if k in kwargs}
-        if _is_tracing((args, kwargs)):
-            return impl(fn, *args, **kwargs, **static)
-        flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+    def whole_trace(fn: Any, args: tuple, kwargs: dict, static: dict, flat: list, in_tree: Any) -> Any:
         pinned = _PINNED.get()
         signature = None
         program = runner = None
@@ -299,6 +531,68 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
                 pinned[signature] = (fn, program, runner)
         out = runner(program.consts, flat)
         return jax.tree_util.tree_unflatten(program.out_tree, out)
+
+    def derived(fn: Any, static: dict, flat: list, in_tree: Any) -> Any:
+        """The fast path: trace the user's callables only; derive the work on a miss."""
+        users, rebuild, structure = _split_users(fn)
+        if _aux_holds_callables(in_tree):
+            raise _Unsupported
+        signature = (in_tree, tuple(_aval_key(x) for x in flat), tuple(sorted(static.items())), structure)
+        pinned = _PINNED.get()
+        if pinned is not None:
+            hit = pinned.get((impl, signature, tuple(map(id, users))))
+            if hit is not None and all(a is b for a, b in zip(hit[0], users)):
+                _, consts, runner, out_box = hit
+                return jax.tree_util.tree_unflatten(out_box[0], runner(consts, flat))
+        plan = plans.get(signature, ())
+        if plan is None:
+            raise _Unsupported
+        entry = None
+        if plan:
+            programs = [_UserProgram(users[c[0]], c) for c in plan]
+            key = (signature, tuple(p.key for p in programs))
+            with lock:
+                entry = cache.get(key)
+                if entry is not None:
+                    cache.move_to_end(key)
+        if entry is None:  # a miss: find the calls, trace the users there, derive the work
+            try:
+                plan = _discover_plan(impl, users, rebuild, flat, in_tree, static)
+            except _Unsupported:
+                plans[signature] = None
+                raise
+            plans[signature] = plan
+            programs = [_UserProgram(users[c[0]], c) for c in plan]
+            key = (signature, tuple(p.key for p in programs))
+            with lock:
+                entry = cache.get(key)
+                if entry is None:
+                    runner, out_box = _make_derived_runner(impl, rebuild, len(users), programs, in_tree, static)
+                    entry = cache[key] = (runner, [p.keep for p in programs], out_box)
+                    while len(cache) > _CACHE_SIZE:
+                        cache.popitem(last=False)
+        runner, _, out_box = entry
+        consts = [p.consts for p in programs]
+        if _is_tracing(consts):  # the user's callables close over an outer transformation's tracers
+            raise _Unsupported
+        out = runner(consts, flat)
+        if pinned is not None:
+            pinned[(impl, signature, tuple(map(id, users)))] = (list(users), consts, runner, out_box)
+        return jax.tree_util.tree_unflatten(out_box[0], out)
+
+    @functools.wraps(impl)
+    def call(fn: Any, *args: Any, **kwargs: Any) -> Any:
+        static = {k: kwargs.pop(k) for k in static_argnames if k in kwargs}
+        if _is_tracing((args, kwargs)):
+            return impl(fn, *args, **kwargs, **static)
+        flat, in_tree = jax.tree_util.tree_flatten((args, kwargs))
+        try:
+            return derived(fn, static, flat, in_tree)
+        except _Unsupported:
+            pass
+        except _TRACE_ERRORS:
+            return impl(fn, *args, **kwargs, **static)  # not traceable: op by op
+        return whole_trace(fn, args, kwargs, static, flat, in_tree)
 
     def cache_size() -> int:  # for tests
         return len(cache)
