@@ -318,7 +318,7 @@ class Metric:
         if self.matrix_fn is not None:  # a dense metric: its own matrix, not d products
             return _matrix_field(self)(params)
         if self.compiled:  # traced afresh, compiled once per traced program (_compile.py)
-            return _compiled_dense(self.mv_fn, self, params)
+            return _compiled_dense(self.mv_fn, params, self.damping)
         return _dense_matrix(self, params)
 
     def solve(
@@ -408,7 +408,7 @@ class Metric:
             if not (self.compiled and is_concrete(params, rhs, self.damping)):
                 return solve_spd_cg(self.at(params), rhs, tol=tol, maxiter=maxiter, what=what, return_info=return_info)
             check_finite(rhs, "the right-hand side")
-            x, info = _compiled_cg(self.mv_fn, self, params, rhs, tol=tol, maxiter=maxiter)
+            x, info = _compiled_cg(self.mv_fn, params, rhs, self.damping, tol=tol, maxiter=maxiter)
             check_cg_solution(self.at(params), rhs, info, tol=tol, maxiter=maxiter, what=what)
             return (x, info) if return_info else x
         raise GeometryError(f"Metric.solve: method must be 'cg' or 'dense', got {method!r}.")
@@ -475,9 +475,9 @@ _compiled_damped_mv = jit_per_callable(
 
 
 
-def _cg(_mv_fn: Any, metric: Metric, params: PyTree, rhs: PyTree, *, tol: float, maxiter: int | None):
-    """``(x, info)`` of CG on the damped metric (``_mv_fn``: the callable the compilation is cached on)."""
-    return solve_spd_cg(metric.at(params), rhs, tol=tol, maxiter=maxiter, return_info=True)
+def _cg(mv_fn: Any, params: PyTree, rhs: PyTree, damping: Any, *, tol: float, maxiter: int | None):
+    """``(x, info)`` of CG on the damped product ``v -> mv_fn(params, v) + damping v``."""
+    return solve_spd_cg(add_damping(lambda u: mv_fn(params, u), damping), rhs, tol=tol, maxiter=maxiter, return_info=True)
 
 
 _compiled_cg = jit_per_callable(_cg, static_argnames=("tol", "maxiter"))
@@ -490,9 +490,12 @@ def _dense_matrix(metric: Metric, params: PyTree) -> jax.Array:
     return jax.vmap(lambda e: ravel(metric.mv(params, unravel(e)))[0])(basis).T
 
 
-def _dense_impl(_mv_fn: Any, metric: Metric, params: PyTree) -> jax.Array:
-    """:func:`_dense_matrix` (``_mv_fn``: the callable the compilation is keyed on, traced at every call)."""
-    return _dense_matrix(metric, params)
+def _dense_impl(mv_fn: Any, params: PyTree, damping: Any) -> jax.Array:
+    """The d x d matrix of the damped product ``v -> mv_fn(params, v) + damping v`` (d products, vmap)."""
+    op = add_damping(lambda u: mv_fn(params, u), damping)
+    flat, unravel = ravel(params)
+    basis = jnp.eye(flat.size, dtype=flat.dtype)
+    return jax.vmap(lambda e: ravel(op(unravel(e)))[0])(basis).T
 
 
 _compiled_dense = jit_per_callable(_dense_impl)

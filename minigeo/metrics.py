@@ -40,7 +40,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import GeometryError, as_float_point, check_finite, split_batch
-from ._compile import jit_per_callable
+from ._compile import Derived, jit_per_callable
 from ._metric import Metric, as_metric, dense, diagonal, euclidean, metric_field
 from ._tree import PyTree, ravel
 
@@ -129,14 +129,21 @@ def _on_batch(model_fn: Callable, loss_fn: Callable | None, batch: Any, who: str
     return (lambda p: model_fn(p, inputs)), (None if loss_fn is None else (lambda z: loss_fn(z, targets)))
 
 
+def _pullback_rule(f: Callable[[PyTree], PyTree], out_mv: Callable, params: PyTree, v: PyTree) -> PyTree:
+    """``J^T G_z J v`` from the output-space product ``out_mv(z, u)``."""
+    z, jv, transpose = _linearized(f, params, v)
+    return transpose(out_mv(z, jv))
+
+
 def _pullback_mv(f: Callable[[PyTree], PyTree], out_mv: Callable[[PyTree, PyTree], PyTree]) -> Callable:
-    """``(params, v) -> J^T G_z J v`` from the output-space product ``out_mv(z, u)``."""
+    """``(params, v) -> J^T G_z J v``: a :class:`~minigeo._compile.Derived` product (the compile layer
+    traces ``f`` and ``out_mv`` alone at each eager call and derives the product on a miss)."""
+    return Derived(_pullback_rule, (f, out_mv))
 
-    def mv(params: PyTree, v: PyTree) -> PyTree:
-        z, jv, transpose = _linearized(f, params, v)
-        return transpose(out_mv(z, jv))
 
-    return mv
+def _output_hvp(loss_fn: Callable, z: PyTree, u: PyTree) -> PyTree:
+    """``H_z u`` of an output-space loss."""
+    return jax.jvp(jax.grad(loss_fn), (z,), (u,))[1]
 
 
 def ggn(model_fn: Callable[..., PyTree], loss_fn: Callable[..., jax.Array], *, batch: Any = None) -> Metric:
@@ -182,11 +189,7 @@ def ggn(model_fn: Callable[..., PyTree], loss_fn: Callable[..., jax.Array], *, b
     """
 
     model_fn, loss_fn = _on_batch(model_fn, loss_fn, batch, "ggn")
-
-    def output_hvp(z: PyTree, u: PyTree) -> PyTree:
-        return jax.jvp(jax.grad(loss_fn), (z,), (u,))[1]
-
-    return Metric(_pullback_mv(model_fn, output_hvp), "GGN")
+    return Metric(_pullback_mv(model_fn, Derived(_output_hvp, (loss_fn,))), "GGN")
 
 
 class Likelihood(NamedTuple):
@@ -353,6 +356,13 @@ def _scale(reduction: str, n: int, who: str) -> float:
     raise GeometryError(f"{who}: reduction must be 'mean' or 'sum', got {reduction!r}.")
 
 
+def _fisher_rule(model_fn: Callable, fisher_mv: Callable, params: PyTree, v: PyTree, *, reduction: str) -> PyTree:
+    """``J^T F_z J v`` from the likelihood's output-space Fisher product."""
+    z, jv, transpose = _linearized(model_fn, params, v)
+    scale = _scale(reduction, _batch_size(z, "fisher"), "fisher")
+    return transpose(scale * fisher_mv(z, jv))
+
+
 def fisher(
     model_fn: Callable[..., jax.Array],
     likelihood: Union[str, Likelihood] = "categorical",
@@ -414,13 +424,7 @@ def fisher(
     lik = _as_likelihood(likelihood)
     model_fn, _ = _on_batch(model_fn, None, batch, "fisher")
     if mc_samples is None:
-
-        def mv(params: PyTree, v: PyTree) -> PyTree:
-            z, jv, transpose = _linearized(model_fn, params, v)
-            scale = _scale(reduction, _batch_size(z, "fisher"), "fisher")
-            return transpose(scale * lik.fisher_mv(z, jv))
-
-        return Metric(mv, f"Fisher ({lik.name})")
+        return Metric(Derived(_fisher_rule, (model_fn, lik.fisher_mv), {"reduction": reduction}), f"Fisher ({lik.name})")
 
     if key is None or not (isinstance(mc_samples, int) and mc_samples >= 1):
         raise GeometryError("fisher: the Monte-Carlo Fisher needs mc_samples >= 1 (an int) and a PRNG key.")
@@ -494,22 +498,25 @@ def empirical_fisher(
     Chapter 2.
     """
     model_fn, per_example_loss_fn = _on_batch(model_fn, per_example_loss_fn, batch, "empirical_fisher")
+    return Metric(Derived(_empirical_fisher_rule, (model_fn, per_example_loss_fn), {"reduction": reduction}), "empirical Fisher")
 
-    def mv(params: PyTree, v: PyTree) -> PyTree:
-        z, jv, transpose = _linearized(model_fn, params, v)
-        n = _batch_size(z, "empirical_fisher")
-        losses = per_example_loss_fn(z)
-        if jnp.shape(losses) != (n,):
-            raise GeometryError(
-                f"empirical_fisher: per_example_loss_fn must return one loss per example, shape ({n},); got "
-                f"{jnp.shape(losses)}. Return the unreduced losses."
-            )
-        g = jax.grad(lambda zz: jnp.sum(per_example_loss_fn(zz)))(z)
-        axes = tuple(range(1, g.ndim))
-        proj = jnp.sum(g * jv, axis=axes, keepdims=True)
-        return transpose(_scale(reduction, n, "empirical_fisher") * proj * g)
 
-    return Metric(mv, "empirical Fisher")
+def _empirical_fisher_rule(
+    model_fn: Callable, per_example_loss_fn: Callable, params: PyTree, v: PyTree, *, reduction: str
+) -> PyTree:
+    """``J^T (sum_n g_n g_n^T) J v / N`` (``reduction="mean"``) from per-example output gradients ``g_n``."""
+    z, jv, transpose = _linearized(model_fn, params, v)
+    n = _batch_size(z, "empirical_fisher")
+    losses = per_example_loss_fn(z)
+    if jnp.shape(losses) != (n,):
+        raise GeometryError(
+            f"empirical_fisher: per_example_loss_fn must return one loss per example, shape ({n},); got "
+            f"{jnp.shape(losses)}. Return the unreduced losses."
+        )
+    g = jax.grad(lambda zz: jnp.sum(per_example_loss_fn(zz)))(z)
+    axes = tuple(range(1, g.ndim))
+    proj = jnp.sum(g * jv, axis=axes, keepdims=True)
+    return transpose(_scale(reduction, n, "empirical_fisher") * proj * g)
 
 
 # ---------------------------------------------------------------------------
