@@ -88,6 +88,8 @@ def block_lanczos(
     key: jax.Array,
     breakdown_tol: float | None = None,
     return_basis: bool = False,
+    resume: tuple | None = None,
+    return_state: bool = False,
 ) -> tuple[jax.Array, ...]:
     """``m`` block Lanczos steps of ``E = G^{-1}H`` from the start covectors ``Z`` (``(p, d)``), on the device.
 
@@ -98,6 +100,12 @@ def block_lanczos(
     ``G``-Gram matrix ``M = R G R^T`` of the last residual block ``R`` (for the certificate);
     ``return_basis``: also the ``(m p, d)`` ``G``-orthonormal basis ``Q`` (for Ritz vectors).
     ``jit``-compatible: ``m`` and the shapes are static.
+
+    ``resume``: a thick restart (:func:`restarted_block_lanczos`): ``(Q, W, T, alive, scale, V, H, j0)``,
+    the first ``j0`` blocks of the basis already filled (kept Ritz vectors, with their block of ``T``)
+    and the pending residual block ``(V, H)`` (``H`` the covectors, ``V = G^{-1}H``), orthogonal to
+    them; steps ``j0 .. m - 1`` run.  ``return_state``: the result ends with that state after the run
+    (``W`` is ``Q`` when ``G = I``).
     """
     p, d = Z.shape
     dtype = Z.dtype
@@ -166,8 +174,8 @@ def block_lanczos(
 
     Q = jnp.zeros((N, d), dtype)
     W = None if euclid else jnp.zeros((N, d), dtype)
-    V0 = gb(Z)
-    start_scale = jnp.sqrt(jnp.max(jnp.maximum(jnp.sum(V0 * Z, axis=1), 0.0)))
+    V0 = gb(Z) if resume is None else None
+    start_scale = 0.0 if resume is not None else jnp.sqrt(jnp.max(jnp.maximum(jnp.sum(V0 * Z, axis=1), 0.0)))
     alive = jnp.zeros(N, bool)
     T = jnp.zeros((N, N), dtype)
 
@@ -180,7 +188,8 @@ def block_lanczos(
         # round-off, and one pass against every filled block removes that.  T's rows are the sum of the
         # two passes' coefficients: H Q_j Q^T up to round-off (later blocks' entries are filled at
         # their own step, by symmetry).
-        Hres, C = project_out(Hraw, Q, W, jnp.maximum(j - 1, 0), j + 1)
+        # the first step after a thick restart couples to every kept Ritz vector: a full first pass
+        Hres, C = project_out(Hraw, Q, W, jnp.where(j == first, 0, jnp.maximum(j - 1, 0)), j + 1)
         Hres, C2 = project_out(Hres, Q, W, 0, j + 1)
         C = C + C2
         T = jax.lax.dynamic_update_slice(T, C, (s, 0))
@@ -211,11 +220,83 @@ def block_lanczos(
         return Q, W, T, alive, scale, Vres, Hres
 
     scale0 = jnp.zeros((), dtype)
-    Q, W, T, alive, _, Vres, Hres = jax.lax.fori_loop(0, m, body, (Q, W, T, alive, scale0, V0, Z))
+    first = 0
+    if resume is not None:
+        Q, W, T, alive, scale0, V0, Z, first = resume
+        W = None if euclid else W
+    Q, W, T, alive, scale, Vres, Hres = jax.lax.fori_loop(first, m, body, (Q, W, T, alive, scale0, V0, Z))
     M = Vres @ Hres.T
+    out = (0.5 * (T + T.T), alive, 0.5 * (M + M.T))
     if return_basis:
-        return 0.5 * (T + T.T), alive, 0.5 * (M + M.T), Q
-    return 0.5 * (T + T.T), alive, 0.5 * (M + M.T)
+        out = (*out, Q)
+    if return_state:
+        out = (*out, (Q, Q if euclid else W, T, alive, scale, Vres, Hres))
+    return out
+
+
+def restarted_block_lanczos(
+    apply_h: Callable[[jax.Array], jax.Array],
+    apply_ginv: Callable[[jax.Array], jax.Array] | None,
+    Z: jax.Array,
+    m: int,
+    *,
+    key: jax.Array,
+    k: int,
+    rtol: Any,
+    max_cycles: int,
+    keep_blocks: int | None = None,
+    return_basis: bool = False,
+) -> tuple[jax.Array, ...]:
+    """Thick-restarted block Lanczos: cycles of a fixed ``(m p, d)`` basis until the top ``k`` are certified.
+
+    Cycle 0 is :func:`block_lanczos` from ``Z``.  While the leading ``k`` Ritz values are not
+    certified to ``rtol`` (Kahan's bound, :func:`ritz_certificate`) and fewer than ``max_cycles``
+    cycles ran, the basis is restarted (Wu & Simon's thick restart, in blocks): its leading
+    ``keep_blocks * p`` Ritz vectors ``Y = S^T Q`` are kept as the first blocks, with their block
+    ``diag(theta)`` of ``T``; the pending residual block (orthogonal to the whole old basis, hence
+    to ``Y``) is the next block, and block steps fill the rest.  The kept vectors' products lie in the
+    span of ``Y`` and that block (``E Y = Y Theta + R S_{last}``), so ``E Q^T = Q^T T`` up to the last
+    residual block still holds and the certificate is the same theorem.  One ``lax.while_loop``:
+    ``jit``-compatible, memory ``m p x d`` numbers (twice with a metric) whatever the cycles.
+    Returns ``(T, alive, M, cycles)`` (and the basis ``Q`` before ``cycles`` with ``return_basis``);
+    products with ``H``: ``m p + (cycles - 1) (m - keep_blocks) p``.
+    """
+    p, _ = Z.shape
+    N = m * p
+    lb = max(1, m // 2) if keep_blocks is None else keep_blocks
+    L = lb * p
+    T, alive, M, Q, state = block_lanczos(apply_h, apply_ginv, Z, m, key=key, return_basis=True, return_state=True)
+
+    def done(T, alive, M):
+        theta, bounds, valid = ritz_certificate(T, alive, M, k)
+        ok, _ = _accepted(theta, bounds, valid, T, rtol)
+        return jnp.all(ok) | ~jnp.all(jnp.isfinite(T))
+
+    def cond(carry):
+        cycle, T, alive, M, _, _ = carry
+        return (cycle < max_cycles) & ~done(T, alive, M)
+
+    def body(carry):
+        cycle, T, alive, M, Q, state = carry
+        _, W, _, _, scale, V, H = state
+        big = 2.0 * (N * jnp.max(jnp.abs(T)) + 1.0)
+        both = alive[:, None] & alive[None, :]
+        theta, S = jnp.linalg.eigh(jnp.where(both, T, 0.0) + jnp.diag(jnp.where(alive, 0.0, -big)))
+        theta, S = theta[::-1][:L], S[:, ::-1][:, :L]
+        kept = theta > -big / 2
+        Y = jnp.where(kept[:, None], S.T @ Q, 0.0)
+        Qn = jnp.zeros_like(Q).at[:L].set(Y)
+        Wn = Qn if apply_ginv is None else jnp.zeros_like(W).at[:L].set(jnp.where(kept[:, None], S.T @ W, 0.0))
+        Tn = jnp.zeros_like(T).at[:L, :L].set(jnp.diag(jnp.where(kept, theta, 0.0)))
+        alive_n = jnp.zeros_like(alive).at[:L].set(kept)
+        T, alive, M, Q, state = block_lanczos(
+            apply_h, apply_ginv, Z, m, key=jax.random.fold_in(key, cycle), return_basis=True, return_state=True,
+            resume=(Qn, Wn, Tn, alive_n, scale, V, H, lb),
+        )
+        return cycle + 1, T, alive, M, Q, state
+
+    cycles, T, alive, M, Q, _ = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), T, alive, M, Q, state))
+    return (T, alive, M, Q, cycles) if return_basis else (T, alive, M, cycles)
 
 
 # ---------------------------------------------------------------------------

@@ -29,7 +29,14 @@ import numpy as np
 
 from ._checks import GeometryError, check_finite, check_key, is_concrete
 from ._compile import jit_per_callable
-from ._eigen import ResumableBlockLanczos, block_lanczos, certified_top_eigenvalues, default_num_products, validate_k
+from ._eigen import (
+    ResumableBlockLanczos,
+    block_lanczos,
+    certified_top_eigenvalues,
+    default_num_products,
+    restarted_block_lanczos,
+    validate_k,
+)
 from ._estimators import (
     check_slq_positive,
     mean_and_standard_error,
@@ -337,12 +344,22 @@ _compiled_block_solves = jit_per_callable(_block_solves, static_argnames=("tol",
 
 def fixed_block_lanczos(
     flat_mv: Callable[[jax.Array], jax.Array], params: PyTree, metric: Metric | None, Z: jax.Array, key: jax.Array, *,
-    m: int, tol: float, maxiter: Any, basis: bool = False,
+    m: int, tol: float, maxiter: Any, basis: bool = False, restart: tuple | None = None, negate: bool = False,
 ) -> tuple[jax.Array, ...]:
     """``m`` block Lanczos steps of ``G^{-1}M`` from the start block ``Z``: ``(T, alive, M)`` (see :func:`block_lanczos`);
-    ``basis``: also the basis ``Q``."""
+    ``basis``: also the basis ``Q``.  ``restart=(k, rtol, max_cycles)``: thick restarts of the same
+    basis until the top ``k`` are certified (:func:`restarted_block_lanczos`); the result then ends
+    with the number of cycles.  ``negate``: of ``-M`` (the smallest end; negation is exact)."""
     Ginv = None if metric is None else (lambda v: _flat_inverse(params, metric, v, tol, maxiter))
-    return block_lanczos(flat_mv, Ginv, Z, m, key=key, return_basis=basis)
+    mv = (lambda v: -flat_mv(v)) if negate else flat_mv
+    if restart is not None:
+        k, rtol, max_cycles = restart
+        return restarted_block_lanczos(mv, Ginv, Z, m, key=key, k=k, rtol=rtol, max_cycles=max_cycles, return_basis=basis)
+    return block_lanczos(mv, Ginv, Z, m, key=key, return_basis=basis)
+
+
+#: Under ``jit``, the default ``top_eigenvalues`` restarts its basis at most this many times (cycles).
+MAX_RESTART_CYCLES = 20
 
 
 def certified_top(
@@ -384,6 +401,7 @@ def certified_top(
     compiled = _compilable(metric)
     options = dict(tol=tol, maxiter=maxiter)
     device_products = [0]
+    traced_products: list = []  # under jit, with restarts: the products the loop ran (traced)
     # conjugate gradients: eagerly every solve is checked, and its own status raised (never re-run)
     ginv_block = _checked_inverse_block(metric, params, tol, maxiter, who)
 
@@ -400,14 +418,23 @@ def certified_top(
     if source.fixed is not None and (not eager or (not cg_metric and (num_iterations is not None or compiled))):
         m0 = -(-min(d, default_num_products(k, p)) // p)
         adaptive = eager and num_iterations is None
+        # under jit the default restarts a fixed basis until certified (what the eager path's growing
+        # host basis does), in one while_loop: memory m0 p x d numbers whatever the products
+        restart = None
+        if not eager and num_iterations is None and rtol is not None and m0 * p < d and m0 >= 2:
+            restart = (int(k), float(rtol), MAX_RESTART_CYCLES)
 
         def projected(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
             if adaptive and m != m0:
                 return on_host(m)
             device_products[0] += m * p
-            if return_vectors:
-                return source.fixed(metric, Z, restart_key, m, compiled and eager, basis=True, **options)
-            return source.fixed(metric, Z, restart_key, m, compiled and eager, **options)
+            run = source.fixed(
+                metric, Z, restart_key, m, compiled and eager, basis=return_vectors, restart=restart, **options
+            )
+            if restart is not None:
+                *run, cycles = run
+                traced_products.append(m * p + (cycles - 1) * (m - max(1, m // 2)) * p)
+            return tuple(run)
 
     else:
         projected = on_host
@@ -419,7 +446,12 @@ def certified_top(
     if return_vectors:
         values = Eigenpairs(values, jax.vmap(ravel(params)[1])(vectors[0]))
     if return_info:
-        used = count() if count is not None else -(-min(num_iterations or default_num_products(k, p), d) // p) * p
+        if count is not None:
+            used = count()
+        elif traced_products:
+            used = traced_products[-1]
+        else:
+            used = -(-min(num_iterations or default_num_products(k, p), d) // p) * p
         return values, EstimateInfo(status, used)
     return values
 
@@ -435,8 +467,7 @@ def negated(source: Products) -> Products:
     if source.fixed is not None:
 
         def fixed(metric, Z, key, m, compiled, **options):
-            T, alive, M, *Q = source.fixed(metric, Z, key, m, compiled, **options)
-            return (-T, alive, M, *Q)
+            return source.fixed(metric, Z, key, m, compiled, negate=not options.pop("negate", False), **options)
 
     return source._replace(name=f"-{source.name}", terms=terms, block_mv=lambda V: -source.block_mv(V), fixed=fixed)
 

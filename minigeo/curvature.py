@@ -1021,16 +1021,19 @@ def _probe_terms(f: Callable[[PyTree], jax.Array], params: PyTree, probes: PyTre
 
 def _fixed_run(
     f: Callable[[PyTree], jax.Array], params: PyTree, metric: Metric | None, Z: jax.Array, key: jax.Array, *,
-    m: int, tol: float, maxiter: Any, basis: bool = False,
+    m: int, tol: float, maxiter: Any, basis: bool = False, restart: tuple | None = None, negate: bool = False,
 ) -> tuple[jax.Array, ...]:
     return fixed_block_lanczos(
-        lambda v: _flat_hvp(f, params, v), params, metric, Z, key, m=m, tol=tol, maxiter=maxiter, basis=basis
+        lambda v: _flat_hvp(f, params, v), params, metric, Z, key, m=m, tol=tol, maxiter=maxiter, basis=basis,
+        restart=restart, negate=negate,
     )
 
 
 _compiled_probe_terms = jit_per_callable(_probe_terms, static_argnames=("batched",))
 _compiled_flat_block_hvp = jit_per_callable(_flat_block_hvp)
-_compiled_fixed_run = jit_per_callable(_fixed_run, static_argnames=("m", "tol", "maxiter", "basis"))
+_compiled_fixed_run = jit_per_callable(
+    _fixed_run, static_argnames=("m", "tol", "maxiter", "basis", "restart", "negate")
+)
 
 
 def _point_products(f: Callable[[PyTree], jax.Array], params: PyTree) -> Products:
@@ -1040,8 +1043,8 @@ def _point_products(f: Callable[[PyTree], jax.Array], params: PyTree) -> Product
         run = _compiled_probe_terms if is_concrete(params) else _probe_terms
         return run(f, params, probes, duals, batched=batched)
 
-    def fixed(metric, Z, key, m, compiled, *, tol, maxiter, basis=False):
+    def fixed(metric, Z, key, m, compiled, *, tol, maxiter, basis=False, restart=None, negate=False):
         run = _compiled_fixed_run if compiled else _fixed_run
-        return run(f, params, metric, Z, key, m=m, tol=tol, maxiter=maxiter, basis=basis)
+        return run(f, params, metric, Z, key, m=m, tol=tol, maxiter=maxiter, basis=basis, restart=restart, negate=negate)
 
     return Products(params, "Hessian", terms, lambda V: _compiled_flat_block_hvp(f, params, V), fixed)
