@@ -130,3 +130,64 @@ def test_products_are_traced_once(metric, dtype):
     # float64 as before; float32 scaled by its eps, the metric's condition number and d
     atol = 1e-10 * np.abs(H).max() ** 2 if dtype == jnp.float64 else 100 * float(jnp.finfo(dtype).eps) * np.linalg.cond(Gm) * np.abs(H).max() ** 2 * 24
     np.testing.assert_allclose(np.asarray(M, np.float64), R @ Gm @ R.T, atol=atol)
+
+
+# ---------------------------------------------------------------------------
+# thick restarts (issue 49): a fixed basis, restarted until certified, in one while_loop
+# ---------------------------------------------------------------------------
+def _clustered(seed: int, d: int = 200):
+    """A top cluster (a double eigenvalue, then gaps of 1 %) above a dense bulk: one short cycle cannot certify it."""
+    r = np.random.default_rng(seed)
+    U = np.linalg.qr(r.standard_normal((d, d)))[0]
+    lam = np.concatenate([[10.0, 10.0, 9.9, 9.8, 9.7, 9.6], r.uniform(-9.0, 9.4, d - 6)])
+    return (U * lam) @ U.T
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("metric", [False, True])
+def test_restarted_lanczos_certifies_the_top_values_with_a_fixed_basis(dtype, metric):
+    from minigeo._eigen import restarted_block_lanczos, ritz_certificate
+
+    H = _clustered(3)
+    d, p, m, k = H.shape[0], 5, 6, 5
+    r = np.random.default_rng(4)
+    w = r.uniform(0.5, 2.0, d) if metric else np.ones(d)  # a diagonal metric G = diag(w)
+    Hj, wj = jnp.asarray(H, dtype), jnp.asarray(w, dtype)
+    apply_ginv = (lambda v: v / wj) if metric else None
+    Z = jax.random.normal(jax.random.PRNGKey(0), (p, d), dtype)
+    eps = float(jnp.finfo(dtype).eps)
+    rtol = 1e-3 if dtype == jnp.float32 else 1e-8
+    run = jax.jit(lambda Z: restarted_block_lanczos(
+        lambda v: Hj @ v, apply_ginv, Z, m, key=jax.random.PRNGKey(1), k=k, rtol=rtol, max_cycles=200, return_basis=True))
+    T, alive, M, Q, cycles = run(Z)
+    assert int(cycles) > 1  # one cycle of 30 products does not certify this cluster: the restarts did
+    theta, bounds, valid = ritz_certificate(T, alive, M, k)
+    assert bool(jnp.all(valid)) and bool(jnp.all(bounds <= rtol * jnp.abs(theta[0]) + 100 * eps * 10))
+    # truth: the top eigenvalues of G^{-1}H, dense; the Ritz values are within the Kahan bound of them
+    s = 1 / np.sqrt(w)
+    truth = np.sort(np.linalg.eigvalsh(s[:, None] * H * s[None, :]))[::-1][:k]
+    np.testing.assert_allclose(np.asarray(theta, np.float64), truth, atol=float(bounds[-1]) + 1e3 * eps * 10)
+    # the basis is still G-orthonormal and T its Rayleigh quotient, after the restarts
+    Qn = np.asarray(Q, np.float64)
+    np.testing.assert_allclose(Qn @ (w[:, None] * Qn.T), np.eye(m * p), atol=1e3 * eps)
+    np.testing.assert_allclose(np.asarray(T, np.float64), Qn @ H @ Qn.T, atol=1e4 * eps * 10)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_jitted_default_top_eigenvalues_restart_until_certified(dtype):
+    """Issue 49: under jit the default left the last values NaN (uncertified); now it restarts until certified."""
+    import minigeo as mg
+
+    H = _clustered(5, d=300)
+    lam = np.linalg.eigvalsh(H)
+    Hj = jnp.asarray(H, dtype)
+    f = lambda x: 0.5 * x @ (Hj @ x)
+    x0 = jnp.zeros(H.shape[0], dtype)
+    run = jax.jit(lambda x, key: mg.top_eigenvalues(f, x, key, k=5, which="both", return_info=True))
+    rtol = 1e-2  # the default
+    for seed in range(3):
+        (top, bottom), info = run(x0, jax.random.PRNGKey(seed))
+        assert int(info.status) == 0 and bool(jnp.all(jnp.isfinite(top))) and bool(jnp.all(jnp.isfinite(bottom)))
+        np.testing.assert_allclose(np.asarray(top, np.float64), lam[::-1][:5], atol=2 * rtol * 10)
+        np.testing.assert_allclose(np.asarray(bottom, np.float64), lam[:5], atol=2 * rtol * 10)
+        assert int(info.num_products) <= 2 * (30 + 19 * 15)  # within the restart budget
