@@ -101,10 +101,11 @@ def block_lanczos(
     ``return_basis``: also the ``(m p, d)`` ``G``-orthonormal basis ``Q`` (for Ritz vectors).
     ``jit``-compatible: ``m`` and the shapes are static.
 
-    ``resume``: a thick restart (:func:`restarted_block_lanczos`): ``(Q, W, T, alive, scale, V, H, j0)``,
-    the first ``j0`` blocks of the basis already filled (kept Ritz vectors, with their block of ``T``)
-    and the pending residual block ``(V, H)`` (``H`` the covectors, ``V = G^{-1}H``), orthogonal to
-    them; steps ``j0 .. m - 1`` run.  ``return_state``: the result ends with that state after the run
+    ``resume``: a thick restart (:func:`restarted_block_lanczos`): ``(Q, W, T, alive, scale, V, H, j0,
+    start_scale)``, the first ``j0`` blocks of the basis already filled (kept Ritz vectors, with their
+    block of ``T``; ``j0`` may be traced) and the pending residual block ``(V, H)`` (``H`` the
+    covectors, ``V = G^{-1}H``), orthogonal to them; steps ``j0 .. m - 1`` run (``start_scale``: the
+    breakdown scale of block 0).  ``return_state``: the result ends with that state after the run
     (``W`` is ``Q`` when ``G = I``).
     """
     p, d = Z.shape
@@ -175,7 +176,7 @@ def block_lanczos(
     Q = jnp.zeros((N, d), dtype)
     W = None if euclid else jnp.zeros((N, d), dtype)
     V0 = gb(Z) if resume is None else None
-    start_scale = 0.0 if resume is not None else jnp.sqrt(jnp.max(jnp.maximum(jnp.sum(V0 * Z, axis=1), 0.0)))
+    start_scale = None if resume is not None else jnp.sqrt(jnp.max(jnp.maximum(jnp.sum(V0 * Z, axis=1), 0.0)))
     alive = jnp.zeros(N, bool)
     T = jnp.zeros((N, N), dtype)
 
@@ -222,7 +223,7 @@ def block_lanczos(
     scale0 = jnp.zeros((), dtype)
     first = 0
     if resume is not None:
-        Q, W, T, alive, scale0, V0, Z, first = resume
+        Q, W, T, alive, scale0, V0, Z, first, start_scale = resume
         W = None if euclid else W
     Q, W, T, alive, scale, Vres, Hres = jax.lax.fori_loop(first, m, body, (Q, W, T, alive, scale0, V0, Z))
     M = Vres @ Hres.T
@@ -256,46 +257,61 @@ def restarted_block_lanczos(
     ``diag(theta)`` of ``T``; the pending residual block (orthogonal to the whole old basis, hence
     to ``Y``) is the next block, and block steps fill the rest.  The kept vectors' products lie in the
     span of ``Y`` and that block (``E Y = Y Theta + R S_{last}``), so ``E Q^T = Q^T T`` up to the last
-    residual block still holds and the certificate is the same theorem.  One ``lax.while_loop``:
-    ``jit``-compatible, memory ``m p x d`` numbers (twice with a metric) whatever the cycles.
-    Returns ``(T, alive, M, cycles)`` (and the basis ``Q`` before ``cycles`` with ``return_basis``);
-    products with ``H``: ``m p + (cycles - 1) (m - keep_blocks) p``.
+    residual block still holds and the certificate is the same theorem.  One ``lax.while_loop`` whose
+    body is one :func:`block_lanczos` (the products are traced and compiled once): ``jit``-compatible,
+    memory ``m p x d`` numbers (twice with a metric) whatever the cycles.  Returns ``(T, alive, M,
+    cycles)`` (and the basis ``Q`` before ``cycles`` with ``return_basis``); products with ``H``:
+    ``m p + (cycles - 1) (m - keep_blocks) p``.
     """
-    p, _ = Z.shape
+    p, d = Z.shape
+    dtype = Z.dtype
     N = m * p
     lb = max(1, m // 2) if keep_blocks is None else keep_blocks
     L = lb * p
-    T, alive, M, Q, state = block_lanczos(apply_h, apply_ginv, Z, m, key=key, return_basis=True, return_state=True)
+    euclid = apply_ginv is None
+    V0 = Z if euclid else jax.vmap(apply_ginv)(Z)
+    start_scale = jnp.sqrt(jnp.max(jnp.maximum(jnp.sum(V0 * Z, axis=1), 0.0)))
+    zeros_basis = jnp.zeros((N, d), dtype)
+    W0 = jnp.zeros((0,), dtype) if euclid else zeros_basis  # G = I: no second basis
+    M0 = jnp.zeros((p, p), dtype)
 
-    def done(T, alive, M):
+    def certified(T, alive, M):
         theta, bounds, valid = ritz_certificate(T, alive, M, k)
         ok, _ = _accepted(theta, bounds, valid, T, rtol)
         return jnp.all(ok) | ~jnp.all(jnp.isfinite(T))
 
-    def cond(carry):
-        cycle, T, alive, M, _, _ = carry
-        return (cycle < max_cycles) & ~done(T, alive, M)
-
-    def body(carry):
-        cycle, T, alive, M, Q, state = carry
-        _, W, _, _, scale, V, H = state
+    def thick(Q, W, T, alive):
+        """The restarted basis: the leading L Ritz vectors (G-orthonormal), their block diag(theta) of T."""
         big = 2.0 * (N * jnp.max(jnp.abs(T)) + 1.0)
         both = alive[:, None] & alive[None, :]
         theta, S = jnp.linalg.eigh(jnp.where(both, T, 0.0) + jnp.diag(jnp.where(alive, 0.0, -big)))
         theta, S = theta[::-1][:L], S[:, ::-1][:, :L]
         kept = theta > -big / 2
-        Y = jnp.where(kept[:, None], S.T @ Q, 0.0)
-        Qn = jnp.zeros_like(Q).at[:L].set(Y)
-        Wn = Qn if apply_ginv is None else jnp.zeros_like(W).at[:L].set(jnp.where(kept[:, None], S.T @ W, 0.0))
+        Qn = zeros_basis.at[:L].set(jnp.where(kept[:, None], S.T @ Q, 0.0))
+        Wn = W0 if euclid else zeros_basis.at[:L].set(jnp.where(kept[:, None], S.T @ W, 0.0))
         Tn = jnp.zeros_like(T).at[:L, :L].set(jnp.diag(jnp.where(kept, theta, 0.0)))
-        alive_n = jnp.zeros_like(alive).at[:L].set(kept)
-        T, alive, M, Q, state = block_lanczos(
-            apply_h, apply_ginv, Z, m, key=jax.random.fold_in(key, cycle), return_basis=True, return_state=True,
-            resume=(Qn, Wn, Tn, alive_n, scale, V, H, lb),
-        )
-        return cycle + 1, T, alive, M, Q, state
+        return Qn, Wn, Tn, jnp.zeros_like(alive).at[:L].set(kept)
 
-    cycles, T, alive, M, Q, _ = jax.lax.while_loop(cond, body, (jnp.ones((), jnp.int32), T, alive, M, Q, state))
+    def cond(carry):
+        cycle, T, alive, M = carry[:4]
+        return (cycle == 0) | ((cycle < max_cycles) & ~certified(T, alive, M))
+
+    def body(carry):
+        cycle, T, alive, M, Q, W, scale, V, H = carry
+        Qn, Wn, Tn, alive_n = jax.lax.cond(
+            cycle == 0, lambda: (Q, W, T, alive), lambda: thick(Q, W, T, alive)
+        )  # G = I: W is a placeholder (the basis is not carried twice)
+        first = jnp.where(cycle == 0, 0, lb)
+        cycle_key = jax.lax.cond(cycle == 0, lambda: key, lambda: jax.random.fold_in(key, cycle))
+        T, alive, M, (Q, W, _, _, scale, V, H) = block_lanczos(
+            apply_h, apply_ginv, Z, m, key=cycle_key, return_state=True,
+            resume=(Qn, Qn if euclid else Wn, Tn, alive_n, scale, V, H, first, start_scale),
+        )
+        return cycle + 1, T, alive, M, Q, W if not euclid else W0, scale, V, H
+
+    init = (jnp.zeros((), jnp.int32), jnp.zeros((N, N), dtype), jnp.zeros(N, bool), M0, zeros_basis, W0,
+            jnp.zeros((), dtype), V0, Z)
+    cycles, T, alive, M, Q, *_ = jax.lax.while_loop(cond, body, init)
     return (T, alive, M, Q, cycles) if return_basis else (T, alive, M, cycles)
 
 

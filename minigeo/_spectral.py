@@ -429,24 +429,29 @@ def certified_top(
     if source.fixed is not None and (not eager or (not cg_metric and (num_iterations is not None or compiled))):
         m0 = -(-min(d, default_num_products(k, p)) // p)
         adaptive = eager and num_iterations is None
-        # under jit the default restarts a fixed basis until certified (what the eager path's growing
-        # host basis does), in one while_loop: memory m0 p x d numbers whatever the products
+        # the default (eagerly and under jit) restarts a fixed basis until certified, in one
+        # while_loop: memory restart_blocks(k, p, m0) p x d numbers whatever the products; eagerly,
+        # a run its restarts did not certify is followed by the growing host basis
         restart = None
-        if not eager and num_iterations is None and rtol is not None and m0 * p < d and m0 >= 2:
+        if num_iterations is None and rtol is not None and m0 * p < d and m0 >= 2:
             restart = (int(k), float(rtol), MAX_RESTART_CYCLES)
 
         def projected(m: int) -> tuple[jax.Array, jax.Array, jax.Array]:
             if adaptive and m != m0:
                 return on_host(m)
-            if restart is not None:
-                m = restart_blocks(k, p, m)
-            device_products[0] += m * p
+            blocks = m if restart is None else restart_blocks(k, p, m)
             run = source.fixed(
-                metric, Z, restart_key, m, compiled and eager, basis=return_vectors, restart=restart, **options
+                metric, Z, restart_key, blocks, compiled and eager, basis=return_vectors, restart=restart, **options
             )
-            if restart is not None:
-                *run, cycles = run
-                traced_products.append(m * p + (cycles - 1) * (m - max(1, m // 2)) * p)
+            if restart is None:
+                device_products[0] += blocks * p
+                return tuple(run)
+            *run, cycles = run
+            used = blocks * p + (cycles - 1) * (blocks - max(1, blocks // 2)) * p
+            if eager:
+                device_products[0] += int(used)
+            else:
+                traced_products.append(used)
             return tuple(run)
 
     else:
