@@ -765,19 +765,21 @@ def top_eigenvalues(
 
     **Iterations and cost.**  ``num_iterations`` is the Krylov dimension: the number of products
     with :math:`H` (and with :math:`G^{-1}`), rounded up to whole blocks of :math:`p`; one block
-    step per :math:`p` products.  ``None`` (default) starts at :math:`\max(30, 4k, 30p)` and, eagerly,
-    grows by 1.5x (first the compiled default, as under ``jit``; if that does not certify, one
-    Krylov space in host memory, extended block by block: the default plus the final count) until the top
-    ``k`` are certified or the basis spans all :math:`d` dimensions (then exact).  Under ``jit``
-    ``None`` runs a **thick-restarted** block Lanczos in one ``lax.while_loop``: a fixed basis of
-    :math:`m = \max(6, \lceil 4k/p\rceil)` blocks; while the top ``k`` are not certified, its leading
-    half of Ritz vectors (at least :math:`2k`) is kept, the pending residual block continues it, and
-    new blocks fill the rest (at most 20 cycles, then NaN as below).  On the MLP 784-256-256-10 at
-    initialization (float32, clustered top five) this certified all 5 values for 10 of 10 keys
-    with 150-225 products (the unrestarted 150-product run left the fifth NaN for 2 of 3 keys).
-    Memory: the basis, :math:`mp \times d` numbers (twice with a metric): eagerly
-    :math:`\max(30, 4k, 30p)\,d`; under ``jit`` :math:`\max(6p, 4k)\,d` (rounded up to blocks) whatever
-    the restarts, e.g. 30 vectors for the top 5: 10.6 GB for ViT-B/32's 88.2 M parameters in float32.
+    step per :math:`p` products.  ``None`` (default) runs a **thick-restarted** block Lanczos in one
+    ``lax.while_loop``, eagerly and under ``jit`` alike (the same numbers): a fixed basis of
+    :math:`m = \max(6, \lceil 4k/p\rceil)` blocks (at most :math:`\max(30, 4k, 30p)` products);
+    while the top ``k`` are not certified, its leading half of Ritz vectors (at least :math:`2k`,
+    with their block :math:`\mathrm{diag}(\theta)` of :math:`T`) is kept, the pending residual block
+    continues it and new blocks fill the rest, so the run stops as soon as the certificate holds (at
+    most 20 cycles).  Eagerly, a run the restarts did not certify is followed by one Krylov space in
+    host memory grown by 1.5x until certified or spanning all :math:`d` dimensions (then exact); under
+    ``jit`` its uncertified values are NaN (below).  On the MLP 784-256-256-10 at initialization
+    (float32, clustered top five) the default certified all 5 values under ``jit`` for 10 of 10 keys
+    with 150-225 products (the unrestarted 150-product run of earlier versions left the fifth NaN for
+    2 of 3 keys).  With ``num_iterations`` (or a metric solved by CG, eagerly) there is no restart.
+    Memory: the basis, :math:`mp \times d` numbers (twice with a metric): for the default
+    :math:`\max(6p, 4k)\,d` whatever the restarts, e.g. 30 vectors for the top 5: 10.6 GB for
+    ViT-B/32's 88.2 M parameters in float32.
 
     Uncertified values: eagerly a :class:`~minigeo.GeometryError` (with the bound and what to
     do); under ``jit`` (no exception) every value from the first uncertified one on is **NaN**,
