@@ -6,7 +6,8 @@ function, the script times
 
 * the first eager call (compilation included),
 * later eager calls (median), counting the XLA compilations they trigger,
-* the same call inside the user's own ``jax.jit`` (median, after warm-up),
+* the same call inside the user's own ``jax.jit`` (median, after warm-up), in rounds that alternate
+  with the eager calls,
 
 and prints ``eager / jitted`` (issue 20's target: no compilation on the second call, ratio <= 1.5).
 
@@ -50,31 +51,48 @@ def _block(x):
     return jax.block_until_ready(x)
 
 
-def timed(fn, repeats: int):
-    """(first call s, median later call s, compilations during the later calls)."""
+def interleaved(fn, jitted_fn, fargs, repeats: int):
+    """(first eager call s, median eager s, median jitted s, compilations per round of eager calls).
+
+    Eager and jitted calls alternate, round by round, so that a change in the machine's speed
+    during the run (other processes, thermal) falls on both alike."""
     t0 = time.perf_counter()
-    _block(fn())
+    _block(fn(*fargs))
     first = time.perf_counter() - t0
-    before = _COMPILES[0]
-    times = []
+    _block(jitted_fn(*fargs))  # compile the jitted call outside the timed rounds
+    eager, jitted, compiles = [], [], 0
     for _ in range(repeats):
+        before = _COMPILES[0]
         t0 = time.perf_counter()
-        _block(fn())
-        times.append(time.perf_counter() - t0)
-    return first, statistics.median(times), _COMPILES[0] - before
+        _block(fn(*fargs))
+        eager.append(time.perf_counter() - t0)
+        compiles += _COMPILES[0] - before
+        t0 = time.perf_counter()
+        _block(jitted_fn(*fargs))
+        jitted.append(time.perf_counter() - t0)
+    return first, statistics.median(eager), statistics.median(jitted), compiles
 
 
 def models(names):
     key = jax.random.PRNGKey(0)
     if "mlp" in names:
         params, model, labels = _harness.mlp(key)
-        yield "MLP", params, model, labels
+        X = jax.random.normal(jax.random.split(key, 5)[-2], (256, 784))
+
+        def model_b(p, x):
+            h = x
+            for layer in p[:-1]:
+                h = jnp.tanh(h @ layer["W"] + layer["b"])
+            return h @ p[-1]["W"] + p[-1]["b"]
+
+        yield "MLP", params, model, labels, (model_b, X)
     if "vit" in names:
         cfg = mm.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10, width=64, depth=2, heads=4, mlp_dim=256)
         params = mm.init_vit(key, cfg)
         images = jax.random.normal(jax.random.PRNGKey(1), (128, 8, 8, 1))
         labels = jax.random.randint(jax.random.PRNGKey(2), (128,), 0, 10)
-        yield "tiny ViT", params, (lambda p: mm.vit_apply(p, images, cfg)), labels
+        yield "tiny ViT", params, (lambda p: mm.vit_apply(p, images, cfg)), labels, (
+            lambda p, x: mm.vit_apply(p, x, cfg), images)
 
 
 def _size(p):
@@ -86,16 +104,27 @@ def _flat(G, p):
     return lambda u: jax.flatten_util.ravel_pytree(G.mv(p, unravel(u)))[0]
 
 
-def cases(params, model, labels):
+def _ce(z, y):
+    return -jnp.mean(jnp.take_along_axis(jax.nn.log_softmax(z), y[:, None], axis=-1))
+
+
+def cases(params, model, labels, with_inputs):
     ce = _harness.cross_entropy(labels)
+    model_b, inputs = with_inputs
+    batch = (inputs, labels)
+    loss_b = lambda p, b: _ce(model_b(p, b[0]), b[1])
     loss = lambda p: ce(model(p))
     v = jax.tree_util.tree_map(lambda x: jnp.ones_like(x) / x.size, params)
     key = jax.random.PRNGKey(3)
     G = mg.metrics.ggn(model, ce)
     F = mg.metrics.fisher(model, "categorical")
     matvec = _flat(G.with_damping(1.0), params)  # made once: a matvec made per call compiles per call
+    # "(batch argument)": the data are an argument of the call (as in a training loop), so the user's
+    # jax.jit cannot fold them into its program as constants (minigeo never does: it keeps no data)
     return {
         "hvp": (lambda p, v: mg.hvp(loss, p, v), (params, v)),
+        "hvp (batch argument)": (lambda p, v, b: mg.hvp(loss_b, p, v, batch=b), (params, v, batch)),
+        "ggn(...).mv (batch argument)": (lambda p, v, b: mg.ggn(model_b, _ce, batch=b).mv(p, v), (params, v, batch)),
         "ggn(...).mv": (lambda p, v: G.mv(p, v), (params, v)),
         "fisher(...).mv": (lambda p, v: F.mv(p, v), (params, v)),
         "ggn(...).solve (CG, damping 1)": (
@@ -119,13 +148,11 @@ def main() -> int:
     args = ap.parse_args()
     print(_harness.describe_machine(), f"jax {jax.__version__}")
     rows = []
-    for name, params, model, labels in models(args.models.split(",")):
-        for case, (fn, fargs) in cases(params, model, labels).items():
+    for name, params, model, labels, with_inputs in models(args.models.split(",")):
+        for case, (fn, fargs) in cases(params, model, labels, with_inputs).items():
             if args.only and not any(case.startswith(o) for o in args.only.split(",")):
                 continue
-            first, eager, compiles = timed(lambda: fn(*fargs), args.repeats)
-            jitted_fn = jax.jit(fn)
-            _, jitted, _ = timed(lambda: jitted_fn(*fargs), args.repeats)
+            first, eager, jitted, compiles = interleaved(fn, jax.jit(fn), fargs, args.repeats)
             row = dict(model=name, case=case, first_s=first, eager_ms=1e3 * eager, jitted_ms=1e3 * jitted,
                        ratio=eager / jitted, compiles_per_call=compiles / args.repeats)
             rows.append(row)
