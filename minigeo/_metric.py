@@ -468,6 +468,26 @@ def _metric_unflatten(aux: tuple[Any, ...], children: tuple[Any]) -> Metric:
 
 jax.tree_util.register_pytree_node(Metric, _metric_flatten, _metric_unflatten)
 
+
+def split_metric(metric: Metric | None) -> tuple[Any, Any, Any]:
+    """``(callables, damping, name)`` of a metric for the compile layer (``None``: ``(None, None, None)``).
+
+    A compiled entry takes the callables as its user functions (traced afresh at each eager call)
+    and the damping as an argument, never the :class:`Metric` itself (whose pytree structure holds
+    the callables): :func:`join_metric` rebuilds it inside the compiled work.
+    """
+    if metric is None:
+        return None, None, None
+    return (metric.mv_fn, metric.diagonal_fn, metric.matrix_fn), metric.damping, metric.name
+
+
+def join_metric(callables: Any, damping: Any, name: Any) -> Metric | None:
+    """The metric of :func:`split_metric`'s parts (``callables`` may be the compile layer's replays)."""
+    if callables is None:
+        return None
+    mv_fn, diagonal_fn, matrix_fn = callables
+    return _metric_unflatten((mv_fn, name, True, diagonal_fn, matrix_fn), (damping,))
+
 _compiled_mv = jit_per_callable(lambda mv_fn, params, v: mv_fn(params, v))
 _compiled_damped_mv = jit_per_callable(
     lambda mv_fn, params, v, damping: add_damping(lambda u: mv_fn(params, u), damping)(v)

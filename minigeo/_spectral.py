@@ -47,7 +47,7 @@ from ._estimators import (
 from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan, checked_dense_factor
 from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded
 from ._status import Status, first_failure, raise_for_status
-from ._metric import Metric, metric_field
+from ._metric import Metric, join_metric, metric_field, split_metric
 from ._tree import PyTree, ravel, tree_size
 
 __all__ = [
@@ -179,12 +179,14 @@ def _check_batched(batched: Any, who: str) -> None:
 # ---------------------------------------------------------------------------
 # Hutchinson
 # ---------------------------------------------------------------------------
-def _duals(_key: Any, params: PyTree, metric: Metric, probes: PyTree, *, tol: float, maxiter: Any):
-    """``(G^{-1} z_i, status_i)`` for every stacked probe: NaN and the solve's status where CG failed."""
+def _duals(metric_fns: Any, params: PyTree, damping: Any, probes: PyTree, *, name: str, tol: float, maxiter: Any):
+    """``(G^{-1} z_i, status_i)`` for every stacked probe: NaN and the solve's status where CG failed
+    (the metric as :func:`~minigeo._metric.split_metric`'s parts)."""
+    metric = join_metric(metric_fns, damping, name)
     return jax.lax.map(lambda z: cg_solve_or_nan(metric, params, z, tol, maxiter), probes)
 
 
-_compiled_duals = jit_per_callable(_duals, static_argnames=("tol", "maxiter"))
+_compiled_duals = jit_per_callable(_duals, static_argnames=("name", "tol", "maxiter"))
 
 
 def hutchinson_trace(
@@ -208,7 +210,8 @@ def hutchinson_trace(
         duals = apply_inverse(probes)  # elementwise: the weights broadcast over the stacked probes
     else:
         run = _compiled_duals if _compilable(metric) and is_concrete(params, key) else _duals
-        duals, statuses = run(metric.mv_fn, params, metric, probes, tol=tol, maxiter=maxiter)
+        fns, damping, name = split_metric(metric)
+        duals, statuses = run(fns, params, damping, probes, name=name, tol=tol, maxiter=maxiter)
         solve_status = first_failure(statuses)
         if is_concrete(solve_status):  # eagerly: raise from the solves' own status, before any product
             raise_for_status(solve_status, who, detail=f"A conjugate-gradient solve with the {metric.name} metric failed.")
@@ -328,8 +331,10 @@ def _flat_inverse(params: PyTree, metric: Metric, v: jax.Array, tol: float, maxi
     return ravel(_metric_inverse(metric, params, tol, maxiter, strict=True)(unravel(v)))[0]
 
 
-def _block_solves(_key: Any, params: PyTree, metric: Metric, V: jax.Array, *, tol: float, maxiter: Any):
-    """``(G^{-1} v, status)`` for every row ``v`` of ``V`` by conjugate gradients (NaN where a solve failed)."""
+def _block_solves(metric_fns: Any, params: PyTree, damping: Any, V: jax.Array, *, name: str, tol: float, maxiter: Any):
+    """``(G^{-1} v, status)`` for every row ``v`` of ``V`` by conjugate gradients (NaN where a solve failed;
+    the metric as :func:`~minigeo._metric.split_metric`'s parts)."""
+    metric = join_metric(metric_fns, damping, name)
     unravel = ravel(params)[1]
 
     def one(v: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -339,7 +344,7 @@ def _block_solves(_key: Any, params: PyTree, metric: Metric, V: jax.Array, *, to
     return jax.vmap(one)(V)
 
 
-_compiled_block_solves = jit_per_callable(_block_solves, static_argnames=("tol", "maxiter"))
+_compiled_block_solves = jit_per_callable(_block_solves, static_argnames=("name", "tol", "maxiter"))
 
 
 def fixed_block_lanczos(
@@ -845,7 +850,8 @@ def _checked_inverse_block(metric: Metric | None, params: PyTree, tol: float, ma
 
     def ginv_block(V: jax.Array) -> jax.Array:
         run = _compiled_block_solves if _compilable(metric) else _block_solves
-        X, statuses = run(metric.mv_fn, params, metric, V, tol=tol, maxiter=maxiter)
+        fns, damping, name = split_metric(metric)
+        X, statuses = run(fns, params, damping, V, name=name, tol=tol, maxiter=maxiter)
         raise_for_status(first_failure(statuses), who, detail=f"A conjugate-gradient solve with the {metric.name} metric failed.")
         return X
 

@@ -48,7 +48,7 @@ from ._spectral import (
 )
 from ._restrict import restricted_loss
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
-from ._metric import Metric, _matrix_field, metric_field
+from ._metric import Metric, _matrix_field, join_metric, metric_field, split_metric
 
 __all__ = [
     "hvp",
@@ -1026,19 +1026,22 @@ def _probe_terms(f: Callable[[PyTree], jax.Array], params: PyTree, probes: PyTre
 
 
 def _fixed_run(
-    f: Callable[[PyTree], jax.Array], params: PyTree, metric: Metric | None, Z: jax.Array, key: jax.Array, *,
-    m: int, tol: float, maxiter: Any, basis: bool = False, restart: tuple | None = None, negate: bool = False,
+    fns: tuple, params: PyTree, damping: Any, Z: jax.Array, key: jax.Array, *,
+    name: Any, m: int, tol: float, maxiter: Any, basis: bool = False, restart: tuple | None = None, negate: bool = False,
 ) -> tuple[jax.Array, ...]:
+    """The device block Lanczos of the Hessian of ``fns[0]`` (the loss) in the metric of ``fns[1]``
+    (:func:`~minigeo._metric.split_metric`'s callables, with ``damping`` and ``name``; ``None``: G = I)."""
+    f, metric_fns = fns
     return fixed_block_lanczos(
-        lambda v: _flat_hvp(f, params, v), params, metric, Z, key, m=m, tol=tol, maxiter=maxiter, basis=basis,
-        restart=restart, negate=negate,
+        lambda v: _flat_hvp(f, params, v), params, join_metric(metric_fns, damping, name), Z, key, m=m, tol=tol,
+        maxiter=maxiter, basis=basis, restart=restart, negate=negate,
     )
 
 
 _compiled_probe_terms = jit_per_callable(_probe_terms, static_argnames=("batched",))
 _compiled_flat_block_hvp = jit_per_callable(_flat_block_hvp)
 _compiled_fixed_run = jit_per_callable(
-    _fixed_run, static_argnames=("m", "tol", "maxiter", "basis", "restart", "negate")
+    _fixed_run, static_argnames=("name", "m", "tol", "maxiter", "basis", "restart", "negate")
 )
 
 
@@ -1051,6 +1054,10 @@ def _point_products(f: Callable[[PyTree], jax.Array], params: PyTree) -> Product
 
     def fixed(metric, Z, key, m, compiled, *, tol, maxiter, basis=False, restart=None, negate=False):
         run = _compiled_fixed_run if compiled else _fixed_run
-        return run(f, params, metric, Z, key, m=m, tol=tol, maxiter=maxiter, basis=basis, restart=restart, negate=negate)
+        metric_fns, damping, name = split_metric(metric)
+        return run(
+            (f, metric_fns), params, damping, Z, key, name=name, m=m, tol=tol, maxiter=maxiter, basis=basis,
+            restart=restart, negate=negate,
+        )
 
     return Products(params, "Hessian", terms, lambda V: _compiled_flat_block_hvp(f, params, V), fixed)
