@@ -434,3 +434,28 @@ def test_per_step_callables_share_one_compilation(how):
         for a, r in zip(jax.tree_util.tree_leaves(out), jax.tree_util.tree_leaves(ref)):
             np.testing.assert_allclose(a, r, rtol=1e-10, atol=1e-12)
     assert compiles[1:] == [0, 0, 0, 0], compiles
+
+
+_METRIC_SCALE = {"c": 1.0}
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_estimators_with_a_matrix_free_metric_follow_the_state_its_product_reads(dtype):
+    """Issue 49: the metric travels to the compiled CG duals and Lanczos as its callables (traced per
+    call) and its damping (an argument); a global its product reads is read at every call."""
+    d = 12
+    h = jnp.asarray(np.linspace(1.0, 3.0, d), dtype)  # H = diag(h)
+    w = jnp.asarray(np.linspace(0.5, 2.0, d), dtype)
+    f = lambda x: 0.5 * jnp.sum(h * x**2)
+    G = mg.Metric(lambda p, v: _METRIC_SCALE["c"] * w * v, "scaled")  # matrix-free: CG solves
+    x0 = jnp.zeros(d, dtype)
+    key = jax.random.PRNGKey(0)
+    eps = float(jnp.finfo(dtype).eps)
+    for c in (1.0, 4.0, 0.5):
+        _METRIC_SCALE["c"] = c
+        E = np.asarray(h, np.float64) / (c * np.asarray(w, np.float64))  # G^{-1}H, diagonal
+        est, _ = mg.trace_estimate(f, x0, key, metric=G, num_probes=4, tol=1e-12, maxiter=200)
+        np.testing.assert_allclose(float(est), E.sum(), rtol=1e3 * eps)  # diagonal: exact with Rademacher probes
+        top = mg.top_eigenvalues(f, x0, key, k=2, metric=G, num_iterations=d, tol=1e-12, maxiter=200)
+        np.testing.assert_allclose(np.asarray(top, np.float64), np.sort(E)[::-1][:2], rtol=1e4 * eps)
+    _METRIC_SCALE["c"] = 1.0
