@@ -16,6 +16,30 @@
 #                                step 2; CI always runs everything.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
+# the stage table (issue 50): each stage's wall time, printed at the end, also when a stage fails
+STAGE_LOG=$(mktemp)
+RUN_T0=$(date +%s)
+STAGE_NAME="setup (venv, test extras, chromium)"
+STAGE_T0=$RUN_T0
+stage() {  # stage "name": close the running stage, open the next
+    echo "$STAGE_NAME|$(( $(date +%s) - STAGE_T0 ))" >> "$STAGE_LOG"
+    STAGE_NAME="$1"
+    STAGE_T0=$(date +%s)
+    echo "== $1"
+}
+stage_table() {
+    local status=$?
+    echo "$STAGE_NAME|$(( $(date +%s) - STAGE_T0 ))$([ $status -ne 0 ] && echo ' (failed)')" >> "$STAGE_LOG"
+    echo
+    echo "| stage | wall time |"
+    echo "| --- | ---: |"
+    while IFS='|' read -r name secs; do
+        printf '| %s | %d:%02d%s |\n' "$name" "$(( ${secs%% *} / 60 ))" "$(( ${secs%% *} % 60 ))" "${secs#${secs%% *}}"
+    done < "$STAGE_LOG"
+    local total=$(( $(date +%s) - RUN_T0 ))
+    printf '| **total** | **%d:%02d** |\n' "$(( total / 60 ))" "$(( total % 60 ))"
+    rm -f "$STAGE_LOG"
+}
 bash scripts/setup.sh
 if [ "${1:-}" = "--quick" ]; then
     export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_BOOK_BATCH=1
@@ -26,6 +50,7 @@ if [ "${1:-}" = "--quick" ]; then
     echo "== quick 2/2 docstring examples (not the assignment checkers')"
     python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider -q \
         -n 2 --dist loadfile --ignore=minigeo/assignments
+    rm -f "$STAGE_LOG"
     echo "test --quick: all checks passed"
     exit 0
 fi
@@ -37,9 +62,11 @@ fi
 export PATH="$PWD/.venv/bin:$PATH" JAX_PLATFORMS=cpu MINIGEO_BOOK_BATCH=1 MINIGEO_REQUIRE_TIMM=1 \
     MINIGEO_REQUIRE_OPEN_CLIP=1
 
+trap stage_table EXIT
+
 bash scripts/install_chromium.sh
 
-echo "== 1/5 unit tests"
+stage "1/5 unit tests"
 # two worker processes (pytest-xdist, whole files per worker: a module's fixtures stay in one process)
 # keep both cores busy while the other compiles; two runs: the sharpness and ViT modules compile the
 # largest XLA programs, and fresh workers for them keep a long-lived process from accumulating every
@@ -49,24 +76,25 @@ echo "== 1/5 unit tests"
 PARALLEL="-n 2 --dist loadfile --durations=0 --durations-min=1"
 HEAVY="tests/test_sharpness.py tests/test_batches_and_inputs.py tests/test_vit.py tests/test_vit_timm_parity.py tests/test_vit_open_clip_parity.py"
 python -m pytest tests $PARALLEL $(for f in $HEAVY; do printf -- '--ignore=%s ' "$f"; done)
+stage "1/5 unit tests, heavy modules"
 python -m pytest $HEAVY $PARALLEL
-echo "== 2/5 docstring examples"
+stage "2/5 docstring examples"
 # two workers, whole modules per worker (a module's examples then reuse the compilations of the
 # examples before them in the same process)
 python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider \
     -n 2 --dist loadfile
-echo "== 3/5 notebooks (nbval)"
+stage "3/5 notebooks (nbval)"
 # two notebooks at a time; --dist loadscope keeps each notebook's cells, in order, in one kernel (nbval's
 # documented way to run in parallel)
 RECORDED=$(mktemp -d)
 python -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book/ -p no:cacheprovider \
     -n 2 --dist loadscope --nbval-record "$RECORDED"
-echo "== 4/5 book build (-W -n) and PDF"
+stage "4/5 book build (-W -n) and PDF"
 rm -rf _build
 python scripts/cache_executed_notebooks.py "$RECORDED"
 jupyter-book build . -W -n --keep-going
 test -f _build/html/index.html
 python scripts/build_pdf.py
-echo "== 5/5 rendered book in a headless browser"
+stage "5/5 rendered book in a headless browser"
 python scripts/check_rendered_book.py
 echo "test: all checks passed"
