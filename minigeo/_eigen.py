@@ -281,14 +281,16 @@ def restarted_block_lanczos(
         return jnp.all(ok) | ~jnp.all(jnp.isfinite(T))
 
     def thick(Q, W, T, alive):
-        """The restarted basis: the leading L Ritz vectors (G-orthonormal), their block diag(theta) of T."""
+        """The restarted basis: the leading L Ritz vectors (G-orthonormal) written over the first L rows
+        of Q (in place; later rows are overwritten by the cycle's block steps before they are read),
+        their block diag(theta) of T.  At cycle 0 (T = 0, nothing alive) every kept row is 0."""
         big = 2.0 * (N * jnp.max(jnp.abs(T)) + 1.0)
         both = alive[:, None] & alive[None, :]
         theta, S = jnp.linalg.eigh(jnp.where(both, T, 0.0) + jnp.diag(jnp.where(alive, 0.0, -big)))
         theta, S = theta[::-1][:L], S[:, ::-1][:, :L]
         kept = theta > -big / 2
-        Qn = zeros_basis.at[:L].set(jnp.where(kept[:, None], S.T @ Q, 0.0))
-        Wn = W0 if euclid else zeros_basis.at[:L].set(jnp.where(kept[:, None], S.T @ W, 0.0))
+        Qn = Q.at[:L].set(jnp.where(kept[:, None], S.T @ Q, 0.0))
+        Wn = W if euclid else W.at[:L].set(jnp.where(kept[:, None], S.T @ W, 0.0))
         Tn = jnp.zeros_like(T).at[:L, :L].set(jnp.diag(jnp.where(kept, theta, 0.0)))
         return Qn, Wn, Tn, jnp.zeros_like(alive).at[:L].set(kept)
 
@@ -298,9 +300,7 @@ def restarted_block_lanczos(
 
     def body(carry):
         cycle, T, alive, M, Q, W, scale, V, H = carry
-        Qn, Wn, Tn, alive_n = jax.lax.cond(
-            cycle == 0, lambda: (Q, W, T, alive), lambda: thick(Q, W, T, alive)
-        )  # G = I: W is a placeholder (the basis is not carried twice)
+        Qn, Wn, Tn, alive_n = thick(Q, W, T, alive)  # G = I: W is a placeholder (the basis is not carried twice)
         first = jnp.where(cycle == 0, 0, lb)
         cycle_key = jax.lax.cond(cycle == 0, lambda: key, lambda: jax.random.fold_in(key, cycle))
         T, alive, M, (Q, W, _, _, scale, V, H) = block_lanczos(
