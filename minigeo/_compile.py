@@ -333,39 +333,36 @@ class _Unsupported(Exception):
     """The fast path does not apply to this call (the whole-trace path runs it)."""
 
 
+def _split_parts(items: Any) -> tuple[list, Callable[[list], list], tuple]:
+    """Split each of ``items``: ``(their users, rebuild(new users) -> the rebuilt items, their keys)``."""
+    parts = [_split_users(u) for u in items]
+    sizes = [len(p[0]) for p in parts]
+
+    def rebuild(us: list) -> list:
+        out, i = [], 0
+        for (_, reb, _), n in zip(parts, sizes):
+            out.append(reb(us[i : i + n]))
+            i += n
+        return out
+
+    return [u for p in parts for u in p[0]], rebuild, tuple(p[2] for p in parts)
+
+
 def _split_users(fn: Any) -> tuple[list, Callable[[list], Any], Any]:
     """``(user callables, rebuild(new callables) -> fn's structure, structure key)``."""
     if fn is None:
         return [], (lambda us: None), None
     if isinstance(fn, Derived):
-        parts = [_split_users(u) for u in fn.users]
         try:
             static = tuple(sorted(fn.static.items()))
             hash(static)
         except TypeError as err:
             raise _Unsupported from err
-        sizes = [len(p[0]) for p in parts]
-
-        def rebuild(us: list) -> Derived:
-            out, i = [], 0
-            for (_, reb, _), n in zip(parts, sizes):
-                out.append(reb(us[i : i + n]))
-                i += n
-            return Derived(fn.rule, tuple(out), fn.static)
-
-        return [u for p in parts for u in p[0]], rebuild, ("D", fn.rule, static, tuple(p[2] for p in parts))
+        users, rebuild, keys = _split_parts(fn.users)
+        return users, (lambda us: Derived(fn.rule, tuple(rebuild(us)), fn.static)), ("D", fn.rule, static, keys)
     if isinstance(fn, tuple):
-        parts = [_split_users(u) for u in fn]
-        sizes = [len(p[0]) for p in parts]
-
-        def rebuild_tuple(us: list) -> tuple:
-            out, i = [], 0
-            for (_, reb, _), n in zip(parts, sizes):
-                out.append(reb(us[i : i + n]))
-                i += n
-            return tuple(out)
-
-        return [u for p in parts for u in p[0]], rebuild_tuple, ("T", tuple(p[2] for p in parts))
+        users, rebuild, keys = _split_parts(fn)
+        return users, (lambda us: tuple(rebuild(us))), ("T", keys)
     if callable(fn) and not isinstance(fn, type):
         return [fn], (lambda us: us[0]), "f"
     raise _Unsupported
