@@ -70,7 +70,37 @@ del dense  # noqa: F821  (re-exported as dense_metric)
 
 from . import assignments, models  # noqa: E402  (floor 4: import the floors below)
 
-__version__ = "0.1.0"
+
+
+def _read_version() -> str:
+    """The version in ``pyproject.toml``, its one source (issue 50).
+
+    From a source checkout (an editable install, or ``minigeo`` on ``sys.path``) the file itself is
+    read, so a version bump shows at once, even before the editable install's metadata is rebuilt;
+    an installed wheel has no ``pyproject.toml`` next to the package and reads its metadata, which
+    the build copied from the file.
+    """
+    import re
+    from pathlib import Path
+
+    pyproject = Path(__file__).resolve().parent.parent / "pyproject.toml"
+    if pyproject.is_file():
+        # the [project] table up to the next table; a regex, since tomllib needs Python 3.11
+        table = re.search(r"^\[project\]\s*$(.*?)(?=^\[|\Z)", pyproject.read_text(), re.M | re.S)
+        if table and re.search(r'^name\s*=\s*"minigeo"', table.group(1), re.M):
+            version = re.search(r'^version\s*=\s*"([^"]+)"', table.group(1), re.M)
+            if version:
+                return version.group(1)
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version("minigeo")
+    except PackageNotFoundError:  # the package copied somewhere without its metadata
+        return "0+unknown"
+
+
+__version__ = _read_version()
+del _read_version
 
 __all__ = [
     "__version__",

@@ -460,6 +460,114 @@ def test_grading_script_survives_a_cell_timeout_and_a_dead_kernel(tmp_path):
     assert lines[3].endswith("ok.ipynb: 2 of 3 checks passed"), lines
 
 
+# Per-submission limits (issue 50): a submission made from a solution that loops forever, one that
+# allocates without bound, and the untouched solution, graded together with small limits.  The
+# loop is stopped by the whole-notebook limit (--wall-time 30 is below --timeout), the allocation by
+# the address-space limit (--memory 3: a JAX kernel reserves about 2 GB, the solution peaks there).
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_grader_stops_a_submission_that_loops_forever_or_allocates_without_bound(tmp_path):
+    import time
+
+    solution = SOLUTIONS[0]
+    kinds = {
+        "loop": "while True:\n    pass",
+        "hog": "import numpy as np\n\nhog = []\nwhile True:\n    hog.append(np.ones(2**24))  # 128 MB each",
+    }
+    paths = [tmp_path / "solution" / solution.name]
+    paths[0].parent.mkdir()
+    nbformat.write(nbformat.read(solution, as_version=4), paths[0])
+    for kind, code in kinds.items():
+        nb = nbformat.read(solution, as_version=4)
+        nb.cells.insert(3, nbformat.v4.new_code_cell(code))
+        (tmp_path / kind).mkdir()
+        nbformat.write(nb, tmp_path / kind / solution.name)
+        paths.append(tmp_path / kind / solution.name)
+    start = time.monotonic()
+    run = subprocess.run(
+        [sys.executable, str(KIT / "grade.py"), *map(str, paths), "--jobs", "2"]
+        + ["--csv", str(tmp_path / "g.csv"), "--timeout", "300", "--wall-time", "30", "--memory", "3"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    elapsed = time.monotonic() - start
+    assert run.returncode == 1, run.stdout + run.stderr
+    lines = dict(line.split(": ", 1) for line in run.stdout.split("\n\n")[0].splitlines())
+    assert list(lines) == list(map(str, paths)), run.stdout
+    assert re.fullmatch(r"(\d+) of \1 checks passed", lines[str(paths[0])]), lines  # the limits let it run
+    assert lines[str(paths[1])] == "timed out: the notebook ran longer than 30 s (--wall-time)", lines
+    assert lines[str(paths[2])].startswith("stopped: out of memory"), lines
+    assert "3 GB (--memory)" in lines[str(paths[2])], lines
+    assert elapsed < 200, elapsed  # the loop did not run for --timeout 300 s
+    with open(tmp_path / "g.csv", newline="") as f:
+        rows = defaultdict(list)
+        for row in csv.DictReader(f):
+            rows[row["student"]].append(row)
+    for kind in kinds:  # scored 0 on every task, the reason as the hint
+        reason = lines[str(tmp_path / kind / solution.name)]
+        assert rows[kind] and all(r["points"] == "0" and r["hint"] == reason for r in rows[kind]), rows[kind]
+
+
+# The other limits and the isolation, on small notebooks without JAX (a kernel starts in about 2 s):
+# the working directory holds only a copy of the submission (not its folder, not the course's), HOME
+# is a fresh folder, both are deleted afterwards; CPU time, file size and printed output are limited;
+# and a process the kernel started is killed with the kernel's process group at the end.
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_grader_isolates_each_submission_and_limits_cpu_file_size_and_output(tmp_path):
+    folder = tmp_path / "submissions"
+    folder.mkdir()
+    (folder / "secret.txt").write_text("another student's file")
+    report = tmp_path / "report"
+    report.mkdir()
+    cells = {
+        "isolated": [
+            "import os, pathlib, subprocess\n"
+            "cwd = pathlib.Path.cwd()\n"
+            f"pathlib.Path({str(report)!r}, 'cwd').write_text(str(cwd))\n"
+            f"pathlib.Path({str(report)!r}, 'home').write_text(str(pathlib.Path.home()))\n"
+            "child = subprocess.Popen(['sleep', '600'])\n"
+            f"pathlib.Path({str(report)!r}, 'pid').write_text(str(child.pid))\n"
+            "alone = sorted(os.listdir(cwd)) == ['isolated.ipynb']\n"
+            "hidden = not any(\n"
+            "    (p / 'solutions').exists() or (p / 'secret.txt').exists() for p in (cwd, *cwd.parents)\n"
+            ")\n"
+            "print(f'{int(alone) + int(hidden)} of 2 checks passed')"
+        ],
+        "spin": ["while True:\n    pass"],
+        "bigfile": ["open('big.bin', 'wb').write(b'0' * 3 * 2**20)"],
+        "flood": ["while True:\n    print('x' * 100_000)"],
+    }
+    for name, sources in cells.items():
+        nb = nbformat.v4.new_notebook()
+        nb.cells = [nbformat.v4.new_code_cell(src) for src in sources]
+        nbformat.write(nb, folder / f"{name}.ipynb")
+    run = subprocess.run(
+        [sys.executable, str(KIT / "grade.py"), *(str(folder / f"{n}.ipynb") for n in cells), "--jobs", "2"]
+        + ["--timeout", "120", "--wall-time", "120", "--cpu-time", "4"]
+        + ["--file-size", "1", "--max-output", "1"],
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    lines = run.stdout.strip().splitlines()
+    assert run.returncode == 1 and len(lines) == 4, run.stdout + run.stderr
+    assert lines[0].endswith("isolated.ipynb: 2 of 2 checks passed"), lines
+    assert lines[1].endswith("spin.ipynb: stopped: used more than 4 s of CPU time (--cpu-time)"), lines
+    assert "bigfile.ipynb: stopped: wrote a file larger than 1 MB (--file-size)" in lines[2], lines
+    assert lines[3].endswith("flood.ipynb: stopped: printed more than 1 MB (--max-output)"), lines
+    cwd, home = Path((report / "cwd").read_text()), Path((report / "home").read_text())
+    assert not cwd.exists() and ROOT not in cwd.parents and folder not in cwd.parents, cwd
+    assert home != Path.home() and not home.exists(), home  # a fresh HOME, deleted afterwards
+    pid = int((report / "pid").read_text())
+    try:  # gone, or a zombie waiting for its new parent to reap it
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        assert state == "Z", f"the kernel's child {pid} survived the grading (state {state})"
+    except FileNotFoundError:
+        pass
+
+
 # ------------------------------------------------------------ assignment 2 (pullback metrics)
 
 

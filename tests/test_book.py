@@ -56,10 +56,13 @@ def test_config_points_at_the_same_repository():
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
 def test_first_code_cell_installs_minigeo_on_colab_only(nb):
+    # the release this book was tested with: the tag of pyproject.toml's version (README, "Releases")
     first = "".join(code_cells(nb)[0]["source"])
     assert '"google.colab" in sys.modules' in first
+    version = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
     urls = re.findall(r"git\+(\S+?)\"", first)
-    assert urls == [repository_url()], f"{nb.name}: Colab install must use {repository_url()}, found {urls}"
+    pinned = f"{repository_url()}@v{version}"
+    assert urls == [pinned], f"{nb.name}: Colab install must use {pinned}, found {urls}"
 
 
 @pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
