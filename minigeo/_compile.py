@@ -382,6 +382,7 @@ def _call_key(index: int, args: tuple, kwargs: dict) -> tuple:
 
 
 _AUX_SAFE: dict = {}
+_NO_PLAN = object()  # no trace of the work yet for this signature (an empty plan is a plan)
 
 
 def _aux_holds_callables(tree: Any) -> bool:
@@ -454,7 +455,7 @@ def _discover_plan(impl: Callable, users: list, rebuild: Callable, flat: list, i
 
 def _make_derived_runner(impl: Callable, rebuild: Callable, n_users: int, programs: list, in_tree: Any, static: dict):
     """The work compiled with each user call replaced by its traced program (constants as arguments)."""
-    table = {p.key[0]: (i, _as_function(p.jaxpr), len(p.consts), p.out_tree) for i, p in enumerate(programs)}
+    table = {p.key[0]: (i, _as_function(p.jaxpr), p.out_tree) for i, p in enumerate(programs)}
     out_box: list = []
 
     def run(user_consts: list, leaves: list) -> list:
@@ -463,7 +464,7 @@ def _make_derived_runner(impl: Callable, rebuild: Callable, n_users: int, progra
                 hit = table.get(_call_key(index, a, k))
                 if hit is None:  # not the plan's call: impossible for deterministic work
                     raise _Unsupported
-                j, fun, _, out_tree = hit
+                j, fun, out_tree = hit
                 return jax.tree_util.tree_unflatten(out_tree, fun(*user_consts[j], *jax.tree_util.tree_leaves((a, k))))
 
             return call
@@ -541,17 +542,22 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
             if hit is not None and all(a is b for a, b in zip(hit[0], users)):
                 _, consts, runner, out_box = hit
                 return jax.tree_util.tree_unflatten(out_box[0], runner(consts, flat))
-        plan = plans.get(signature, ())
-        if plan is None:
-            raise _Unsupported
-        entry = None
-        if plan:
+        def traced(plan: tuple) -> tuple[list, Any, Any]:
+            """The user's callables traced at the plan's calls, their key, and its compiled work (or None)."""
             programs = [_UserProgram(users[c[0]], c) for c in plan]
             key = (signature, tuple(p.key for p in programs))
             with lock:
                 entry = cache.get(key)
                 if entry is not None:
                     cache.move_to_end(key)
+            return programs, key, entry
+
+        plan = plans.get(signature, _NO_PLAN)
+        if plan is None:
+            raise _Unsupported
+        entry = None
+        if plan is not _NO_PLAN:
+            programs, key, entry = traced(plan)
         if entry is None:  # a miss: find the calls, trace the users there, derive the work
             try:
                 plan = _discover_plan(impl, users, rebuild, flat, in_tree, static)
@@ -559,12 +565,10 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
                 plans[signature] = None
                 raise
             plans[signature] = plan
-            programs = [_UserProgram(users[c[0]], c) for c in plan]
-            key = (signature, tuple(p.key for p in programs))
-            with lock:
-                entry = cache.get(key)
-                if entry is None:
-                    runner, out_box = _make_derived_runner(impl, rebuild, len(users), programs, in_tree, static)
+            programs, key, entry = traced(plan)
+            if entry is None:
+                runner, out_box = _make_derived_runner(impl, rebuild, len(users), programs, in_tree, static)
+                with lock:
                     entry = cache[key] = (runner, [p.keep for p in programs], out_box)
                     while len(cache) > _CACHE_SIZE:
                         cache.popitem(last=False)
