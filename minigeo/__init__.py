@@ -13,7 +13,7 @@ reference's architecture page draws the map and ``tests/test_layering.py`` check
   of its sides (shared by :mod:`minigeo.quotient` and :mod:`minigeo.sharpness`);
   :mod:`minigeo.stats`: Kendall's tau, with bootstrap intervals and permutation p-values (chapters 6
   and 7); :mod:`minigeo.parallel`: data parallelism with ``jax.sharding`` (chapter 7).
-* floor 1 ``_linalg``, ``_estimators``: Cholesky and conjugate-gradient solves with checks, Lanczos;
+* floor 1 ``_linalg``, ``_estimators``: Cholesky and conjugate-gradient solves with checks;
   Rademacher probes and standard errors of the randomized estimators.
 * floor 1 ``_metric``: the one metric type :class:`Metric` (a pytree), :func:`as_metric` and the
   simple fields, below every module that takes a metric (re-exported by :mod:`minigeo.metrics`).

@@ -433,7 +433,8 @@ class ResumableBlockLanczos:
             Vres = self._ginv(Hres)
             res2 = np.sum(Vres * Hres, axis=1)
             with np.errstate(invalid="ignore"):
-                self.scale = float(np.nanmax([self.scale, np.max(np.abs(C[:, s : s + p])), np.sqrt(max(float(np.max(res2)), 0.0))]))
+                sizes = np.array([self.scale, np.max(np.abs(C[:, s : s + p])), np.sqrt(max(float(np.max(res2)), 0.0))])
+            self.scale = float(np.max(sizes[np.isfinite(sizes)], initial=0.0))
             if not (np.all(np.isfinite(C)) and np.all(np.isfinite(res2))):
                 self.scale = float("nan")
             self._res = (Vres, Hres)

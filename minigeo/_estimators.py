@@ -72,13 +72,21 @@ def slq_breakdown_tol(dim: int, dtype) -> float:
     return 10.0 * float(np.sqrt(dim)) * float(jnp.finfo(dtype).eps)
 
 
-def slq_quadrature(T: jax.Array, z: jax.Array, rel: float) -> tuple[jax.Array, jax.Array, jax.Array]:
+def slq_quadrature(
+    T: jax.Array, alive: jax.Array, z: jax.Array, rel: float
+) -> tuple[jax.Array, jax.Array, jax.Array]:
     """Gauss quadrature ``|z|^2 sum_k tau_k^2 log(lambda_k)`` of ``z^T log(A) z`` from the Lanczos matrix ``T``.
 
-    Returns ``(value, smallest Ritz value, largest |Ritz value|)``; the value is NaN unless the
-    smallest Ritz value exceeds ``rel`` times the largest (a positive-definite operator).
+    ``T`` and its live-row mask ``alive`` are a one-vector run of the block Lanczos recurrence
+    (:func:`minigeo._eigen.block_lanczos` with ``p = 1``) started at ``z / |z|``.  A dead row (the
+    basis spans every direction) is decoupled and given the largest ``|T|`` entry as its value: its
+    eigenvector has a zero first component, so it carries no weight.  Returns ``(value, smallest
+    Ritz value, largest |Ritz value|)``; the value is NaN unless the smallest Ritz value exceeds
+    ``rel`` times the largest (a positive-definite operator).
     """
-    evals, evecs = jnp.linalg.eigh(T)
+    both = alive[:, None] & alive[None, :]
+    fill = jnp.max(jnp.abs(jnp.where(jnp.isfinite(T), T, 0.0)))
+    evals, evecs = jnp.linalg.eigh(jnp.where(both, T, 0.0) + jnp.diag(jnp.where(alive, 0.0, fill)))
     top = jnp.max(jnp.abs(evals))
     positive = evals[0] > rel * top
     value = jnp.vdot(z, z) * jnp.sum(evecs[0] ** 2 * jnp.log(jnp.where(evals > 0, evals, 1.0)))

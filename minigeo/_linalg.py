@@ -1,12 +1,12 @@
-"""Linear solves and Lanczos with the checks users need (floor 1).
+"""Linear solves with the checks users need (floor 1).
 
 * :func:`solve_spd_dense`: a Cholesky solve for dense symmetric positive-definite matrices.
 * :func:`solve_spd_cg`: conjugate gradients for matrix-free operators on pytrees, with a
   status (:class:`SolveInfo`) that also works under ``jit``.
-* :func:`lanczos_tridiagonal`: Lanczos with full reorthogonalization that detects the
-  breakdown of the Krylov space (an invariant subspace) and restarts.
+(Lanczos is one recurrence, in :mod:`minigeo._eigen`: block Lanczos, with block size 1 for
+stochastic Lanczos quadrature.)
 
-All of them refuse singular or indefinite systems with a message that suggests
+Both refuse singular or indefinite systems with a message that suggests
 damping, instead of returning garbage.
 
 Damping: everywhere in minigeo, ``damping`` :math:`\\lambda` means the operator
@@ -18,7 +18,7 @@ under ``jit``).
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, NamedTuple
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,7 +50,6 @@ __all__ = [
     "solve_spd_cg",
     "add_damping",
     "check_damping",
-    "lanczos_tridiagonal",
     "symmetry_rtol",
 ]
 
@@ -538,235 +537,3 @@ def _raise_on_cg_failure(matvec, b, info: SolveInfo, tol: float, maxiter: int, w
     if message is None:
         raise_for_status(status, f"conjugate gradients on {what}")
     raise GeometryError(f"{message} [{Status(status).name}]")
-
-
-def lanczos_tridiagonal(
-    apply_h: Callable[[jax.Array], jax.Array],
-    apply_ginv: Callable[[jax.Array], jax.Array],
-    z: jax.Array,
-    m: int,
-    *,
-    key: jax.Array | None = None,
-    breakdown_tol: float | None = None,
-    return_residual: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """Lanczos tridiagonalization of ``E = G^{-1} H`` in the ``G``-inner product, full reorthogonalization.
-
-    ``E`` is self-adjoint for ``<u, v>_G = u^T G v`` and ``<u, E v>_G = u^T H v``, so
-    each step needs one product with ``H`` and one with ``G^{-1}`` (the identity for
-    the ordinary, Euclidean Lanczos).  The start vector is ``G^{-1} z`` normalized
-    in the ``G``-norm, so for ``G = I`` it is ``z / |z|``.  Works on flat 1-D vectors
-    and is ``jit``/``vmap``-compatible (a fixed number ``m`` of steps).  Returns the
-    ``m x m`` tridiagonal matrix.
-
-    **Breakdown.**  When the Krylov space becomes invariant (for example after
-    ``rank + 1`` steps on a low-rank Hessian, or after one step on ``c I``), the next
-    residual ``beta_j`` is round-off.  A step with ``beta_j <= breakdown_tol * scale``
-    (``scale`` the largest ``|alpha_i|``, ``beta_i`` met so far; ``breakdown_tol``
-    defaults to ``10 * sqrt(d) * eps``) is treated as a breakdown: ``beta_j`` is set to
-    0 and Lanczos restarts from a random vector (drawn with ``key``, default
-    ``PRNGKey(0)``) ``G``-orthogonalized against the basis.  ``T`` is then block
-    diagonal, every block's eigenvalues are exact Ritz values of ``E``, and the
-    eigenvectors of the later blocks have a zero first component, so Gauss
-    quadrature on ``e_1`` (stochastic Lanczos quadrature) is unaffected.  ``m`` must
-    not exceed ``d``.
-
-    ``return_residual=True`` also returns ``beta_m``, the ``G``-norm of the residual after
-    the last step: a Ritz pair ``(theta_i, Q^T s_i)`` of ``T`` has residual norm
-    ``|beta_m s_i[m-1]|``, so some eigenvalue of ``E`` lies within that distance of
-    ``theta_i`` (the Ritz-value error bound).
-    """
-    d = z.shape[0]
-    if m > d:
-        raise GeometryError(f"lanczos_tridiagonal: m = {m} steps exceed the dimension d = {d}.")
-    dtype = z.dtype
-    eps = float(jnp.finfo(dtype).eps)
-    tol = float(breakdown_tol) if breakdown_tol is not None else 10.0 * float(np.sqrt(d)) * eps
-    key = jax.random.PRNGKey(0) if key is None else key
-
-    def reorth(h, Q, W):
-        for _ in range(2):  # full reorthogonalization, twice ("twice is enough")
-            h = h - W.T @ (Q @ h)
-        return h
-
-    def restart(i, Q, W):
-        r = jax.random.normal(jax.random.fold_in(key, i), (d,), dtype=dtype)
-        r = reorth(r, Q, W)
-        v = apply_ginv(r)
-        nr = jnp.sqrt(jnp.maximum(jnp.vdot(v, r), 0.0))
-        nr = jnp.where(nr > 0, nr, 1.0)
-        return v / nr, r / nr
-
-    Q = jnp.zeros((m, d), dtype=dtype)  # rows: the G-orthonormal basis q_i
-    W = jnp.zeros((m, d), dtype=dtype)  # rows: G q_i, so that <q_i, x>_G = q_i^T (G x)
-    alphas = jnp.zeros(m, dtype=dtype)
-    betas = jnp.zeros(m, dtype=dtype)
-    scale0 = jnp.zeros((), dtype=dtype)
-
-    # One loop body: normalize the pending vector (G^{-1} z at i = 0, else the last residual) into
-    # q_i, or restart there on a breakdown, then run step i.  The restart and the products are traced
-    # once (a start vector normalized before the loop traced the restart twice).
-    def body(i, carry):
-        Q, W, alphas, betas, scale, v, h = carry
-        nrm = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))  # <v, v>_G = v^T h: |z|_{G^-1} at i = 0, else beta_{i-1}
-        # the start restarts only from a zero z; later a residual at round-off of the scale so far is a
-        # breakdown (NaN is not one: it propagates into T)
-        broke = jnp.where(i == 0, ~(nrm > 0), nrm <= tol * scale)
-
-        def normalize(_):
-            safe = jnp.where(nrm > 0, nrm, 1.0)
-            return v / safe, h / safe
-
-        q, w = jax.lax.cond(broke, lambda _: restart(jnp.where(i == 0, m, i - 1), Q, W), normalize, None)
-        Q, W = Q.at[i].set(q), W.at[i].set(w)
-        prev = jnp.maximum(i - 1, 0)
-        betas = betas.at[prev].set(jnp.where(broke & (i > 0), 0.0, betas[prev]))
-        h = apply_h(q)  # = G (E q_i)
-        alpha = jnp.vdot(q, h)
-        h = reorth(h, Q, W)
-        v = apply_ginv(h)
-        beta = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
-        scale = jnp.maximum(scale, jnp.maximum(jnp.abs(alpha), beta))
-        return Q, W, alphas.at[i].set(alpha), betas.at[i].set(beta), scale, v, h
-
-    carry = (Q, W, alphas, betas, scale0, apply_ginv(z), z)
-    _, _, alphas, betas, *_ = jax.lax.fori_loop(0, m, body, carry)
-    T = jnp.diag(alphas) + jnp.diag(betas[:-1], 1) + jnp.diag(betas[:-1], -1)
-    return (T, betas[-1]) if return_residual else T
-
-
-def lanczos_tridiagonal_offloaded(
-    apply_h: Callable[[jax.Array], jax.Array],
-    apply_ginv: Callable[[jax.Array], jax.Array] | None,
-    z: jax.Array,
-    m: int,
-    *,
-    key: jax.Array | None = None,
-    breakdown_tol: float | None = None,
-    steps: Callable[[range], Iterable[int]] = lambda r: r,
-    return_residual: bool = False,
-) -> jax.Array | tuple[jax.Array, jax.Array]:
-    """:func:`lanczos_tridiagonal` with the Krylov basis kept in host memory (a Python loop).
-
-    The same recurrence, breakdown test and restarts (the same random restart vectors for
-    the same ``key``), so both return the same ``T`` up to rounding.  The difference is
-    where the ``m x d`` basis lives and who drives the loop:
-
-    * :func:`lanczos_tridiagonal` keeps ``Q`` and ``W = G Q`` on the device (``2 m d``
-      numbers, ``m d`` when ``G = I`` is not stored twice by the caller) and runs as one
-      compiled ``fori_loop``; it needs ``apply_h`` to be traceable.
-    * this variant keeps them as NumPy arrays in host memory (``m d`` numbers, ``2 m d``
-      with a metric) and holds only ``O(d)`` on the device; each step copies two vectors
-      between host and device and reorthogonalizes on the host (``4 (i + 1) d`` flops at
-      step ``i``).  ``apply_h`` may be any Python function, e.g. a pass over a dataset.
-
-    ``apply_ginv=None`` is the Euclidean case (``W = Q``, stored once).  ``steps`` wraps
-    ``range(m)`` (e.g. in a progress bar).
-    """
-    d = z.shape[0]
-    if m > d:
-        raise GeometryError(f"lanczos_tridiagonal_offloaded: m = {m} steps exceed the dimension d = {d}.")
-    run = ResumableLanczos(apply_h, apply_ginv, z, key=key, breakdown_tol=breakdown_tol, start_restart_index=m)
-    T, beta_m = run.tridiagonal(m, steps=steps)
-    return (T, beta_m) if return_residual else T
-
-
-class ResumableLanczos:
-    """The recurrence of :func:`lanczos_tridiagonal_offloaded`, extendable: ``tridiagonal(m)`` runs
-    only the steps not run yet, so growing ``m`` until the Ritz values are certified costs the final
-    ``m`` products, not the sum over the tries.  The basis lives in host memory (NumPy rows).
-    """
-
-    def __init__(
-        self,
-        apply_h: Callable[[jax.Array], jax.Array],
-        apply_ginv: Callable[[jax.Array], jax.Array] | None,
-        z: jax.Array,
-        *,
-        key: jax.Array | None = None,
-        breakdown_tol: float | None = None,
-        start_restart_index: int | None = None,
-    ) -> None:
-        self.d = d = z.shape[0]
-        self.dtype = dtype = np.dtype(z.dtype)
-        eps = float(np.finfo(dtype).eps)
-        self.tol = float(breakdown_tol) if breakdown_tol is not None else 10.0 * float(np.sqrt(d)) * eps
-        self.key = jax.random.PRNGKey(0) if key is None else key
-        self.apply_h, self.apply_ginv = apply_h, apply_ginv
-        self._Qb = np.zeros((0, d), dtype)  # rows 0..n-1: the G-orthonormal basis q_i (grown by doubling)
-        self._Wb = self._Qb  # rows: G q_i (the same buffer as Q when G = I)
-        self.n = 0
-        self.alphas: list[float] = []
-        self.betas: list[float] = []
-        self.scale = 0.0
-        self.failed = False
-        zz = np.asarray(z, dtype=dtype)
-        q = self._ginv(zz)
-        norm = np.sqrt(max(float(q @ zz), 0.0))
-        if norm > 0:
-            self._push(q / norm, zz / norm)
-        else:
-            self._push(*self._restart(d if start_restart_index is None else start_restart_index))
-
-    def _ginv(self, x: np.ndarray) -> np.ndarray:
-        return x if self.apply_ginv is None else np.asarray(self.apply_ginv(jnp.asarray(x)), dtype=self.dtype)
-
-    def _push(self, q: np.ndarray, w: np.ndarray) -> None:
-        if self.n == self._Qb.shape[0]:  # grow the host buffers by doubling
-            cap = min(self.d, max(8, 2 * self.n))
-            grow = lambda buf: np.concatenate([buf, np.zeros((cap - self.n, self.d), self.dtype)])
-            self._Qb = grow(self._Qb)
-            self._Wb = self._Qb if self.apply_ginv is None else grow(self._Wb)
-        self._Qb[self.n] = q
-        if self.apply_ginv is not None:
-            self._Wb[self.n] = w
-        self.n += 1
-
-    def _reorth(self, h: np.ndarray) -> np.ndarray:
-        Q, W = self._Qb[: self.n], self._Wb[: self.n]
-        for _ in range(2):  # full reorthogonalization, twice, against every row so far
-            h = h - W.T @ (Q @ h)
-        return h
-
-    def _restart(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        r = np.asarray(jax.random.normal(jax.random.fold_in(self.key, i), (self.d,), dtype=self.dtype))
-        if self.n:
-            r = self._reorth(r)
-        v = self._ginv(r)
-        nr = np.sqrt(max(float(v @ r), 0.0))
-        nr = nr if nr > 0 else 1.0
-        return v / nr, r / nr
-
-    def tridiagonal(
-        self, m: int, *, steps: Callable[[range], Iterable[int]] = lambda r: r
-    ) -> tuple[jax.Array, jax.Array]:
-        """Run up to step ``m`` (at most ``d``); return the ``m x m`` matrix ``T`` and ``beta_m``."""
-        if m > self.d:
-            raise GeometryError(f"Lanczos: m = {m} steps exceed the dimension d = {self.d}.")
-        for i in steps(range(len(self.alphas), m)):
-            if self.failed:
-                self.alphas.append(np.nan)
-                self.betas.append(np.nan)
-                continue
-            h = np.asarray(self.apply_h(jnp.asarray(self._Qb[i])), dtype=self.dtype)  # = G (E q_i)
-            alpha = float(self._Qb[i] @ h)
-            h = self._reorth(h)
-            v = self._ginv(h)
-            beta = float(np.sqrt(max(float(v @ h), 0.0)))
-            self.alphas.append(alpha)
-            if not (np.isfinite(alpha) and np.isfinite(beta)):  # NaN propagates into T
-                self.failed = True
-                self.betas.append(beta)
-                continue
-            self.scale = max(self.scale, abs(alpha), beta)
-            if i + 1 < self.d:
-                if beta <= self.tol * self.scale:  # breakdown: an invariant Krylov space; restart
-                    beta = 0.0
-                    self._push(*self._restart(i))
-                else:
-                    self._push(v / beta, h / beta)
-            self.betas.append(beta)
-        a = np.asarray(self.alphas[:m], dtype=self.dtype)
-        b = np.asarray(self.betas[:m], dtype=self.dtype)
-        T = np.diag(a) + np.diag(b[:-1], 1) + np.diag(b[:-1], -1)
-        return jnp.asarray(T), jnp.asarray(b[-1])

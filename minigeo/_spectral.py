@@ -45,7 +45,6 @@ from ._estimators import (
     slq_quadrature,
 )
 from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan, checked_dense_factor
-from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded
 from ._status import Status, first_failure, raise_for_status
 from ._metric import Metric, join_metric, metric_field, split_metric
 from ._tree import PyTree, ravel, tree_size
@@ -537,8 +536,9 @@ def _slq_probes(
     restart_key = jax.random.fold_in(key, 1)
     rel = slq_breakdown_tol(dim, dtype)
 
-    def one(z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:
-        return slq_quadrature(lanczos_tridiagonal(matvec, lambda v: v, z, m, key=restart_key), z, rel)
+    def one(z: jax.Array) -> tuple[jax.Array, jax.Array, jax.Array]:  # the block recurrence with one vector
+        T, alive, _ = block_lanczos(matvec, None, z[None], m, key=restart_key)
+        return slq_quadrature(T, alive, z, rel)
 
     return jax.vmap(one)(probes)
 
@@ -573,7 +573,9 @@ def slq_logdet(
         probes = jax.random.rademacher(key, (num_probes, dim), dtype=dtype)
         restart_key = jax.random.fold_in(key, 1)
         run = probes if steps is None else steps(probes)
-        out = [slq_quadrature(lanczos_tridiagonal_offloaded(matvec, None, z, m, key=restart_key), z, rel) for z in run]
+        host_mv = lambda X: matvec(X[0])[None]  # a block of one vector: one product (e.g. a dataset pass)
+        out = [slq_quadrature(*ResumableBlockLanczos(host_mv, None, z[None], key=restart_key).projected(m)[:2], z, rel)
+               for z in run]
         values, smallest, largest = (jnp.stack(x) for x in zip(*out))
     else:
         values, smallest, largest = _compiled_slq_probes(matvec, key, num_probes=num_probes, dim=dim, m=m, dtype=dtype)
