@@ -35,14 +35,25 @@ going further after the exercises
     No ``##`` section of the main text is headed "Going further": optional reading comes after
     the exercises, in the order main sections, Exercises, Going further, Summary.
 
+reading time
+    The line ``*Reading time: ...*`` right under the chapter's title (issue 51): the words of
+    prose of the main text (the count above, which leaves this line out) at ``WPM`` words a
+    minute, and the wall time of the last recorded execution of the whole notebook,
+    ``metadata["nbval_record"]["execution_seconds"]`` (written by ``--nbval-record``, see
+    ``conftest.py``), rounded to 10 s.  ``reading_time_line`` writes it; a chapter at standard
+    misses the target when its line is absent, states other words or minutes, or states a run
+    time more than ``RUNTIME_TOLERANCE`` (relative, at least 10 s) away from the recorded one.
+
 ``--check`` compares the chapters in ``CHAPTERS_AT_STANDARD`` with ``TARGETS`` and exits
 with status 1 when one of them misses a target (the others are only reported).
+``--write-reading-time`` (re)writes the reading-time line of every chapter given (after a
+notebook is re-recorded, or its prose changes).
 
 Usage::
 
     python scripts/teaching_metrics.py            # the table
     python scripts/teaching_metrics.py --check    # the table, then the check
-    python scripts/teaching_metrics.py --markdown book/01_vectors_and_covectors.ipynb
+    python scripts/teaching_metrics.py --write-reading-time book/05_*.ipynb
 """
 
 from __future__ import annotations
@@ -69,6 +80,12 @@ TARGETS = {
 #: when one of them stops meeting it.  Add a chapter here when it gets there.
 CHAPTERS_AT_STANDARD = ["01", "02", "03", "04", "05", "06"]
 
+#: Reading speed for the reading-time line, words of prose a minute.
+WPM = 200
+#: How far (relative) the stated run time may be from the recorded one before --check fails.
+RUNTIME_TOLERANCE = 0.3
+RECORD_KEY = "nbval_record"  # conftest.py's recorder stores the notebook's wall time here
+
 HIDDEN_INPUT = {"hide-input", "remove-input", "remove-cell"}
 HIDDEN_OUTPUT = {"remove-output", "remove-cell"}
 IMAGE_TYPES = ("image/png", "image/svg+xml", "image/jpeg")
@@ -88,6 +105,10 @@ _OBJECTIVES = re.compile(
     r"learning objectives|in this chapter you will|by the end of this chapter", re.I
 )
 _SECTION = re.compile(r"^##\s+(.*)$", re.M)
+_READING = re.compile(r"^\*Reading time:.*\*\s*$", re.M)
+_READING_NUMBERS = re.compile(
+    r"about (\d+) minutes? for the ([\d,]+) words.*?about (\d+) s when", re.S
+)
 
 
 def tags(cell: dict) -> set[str]:
@@ -101,7 +122,7 @@ def source(cell: dict) -> str:
 
 def prose(markdown: str) -> str:
     """The markdown text that counts as prose (see the module docstring)."""
-    text = _COMMENT.sub(" ", markdown)
+    text = _READING.sub(" ", _COMMENT.sub(" ", markdown))
     kept, stack = [], []  # open fences: "dir" (a directive, its body is prose) or "code"
     for line in text.splitlines():
         m = _FENCE.match(line)
@@ -181,6 +202,8 @@ class Metrics:
     summary_last: bool = False
     going_further_after_exercises: bool = True
     main_cells: int = 0
+    runtime_s: float | None = None
+    reading_line: str | None = None
     misses: list[str] = field(default_factory=list)
 
 
@@ -228,12 +251,74 @@ def measure(nb: dict, name: str = "") -> Metrics:
     m.going_further_after_exercises = not any(
         s.strip().lower().startswith("going further") for s in main_sections
     )
+    m.runtime_s = nb.get("metadata", {}).get(RECORD_KEY, {}).get("execution_seconds")
+    found = _READING.search(markdown[0]) if markdown else None
+    m.reading_line = found.group(0).strip() if found else None
     m.misses = check(m)
     return m
 
 
+def reading_minutes(words: int) -> int:
+    return max(1, round(words / WPM))
+
+
+def reading_time_line(m: Metrics) -> str:
+    """The reading-time line of a measured chapter (needs its recorded run time)."""
+    if m.runtime_s is None:
+        raise ValueError(f"{m.name}: no recorded run time; execute it with --nbval-record")
+    run = max(10, int(round(m.runtime_s / 10.0)) * 10)
+    return (
+        f"*Reading time: about {reading_minutes(m.words)} minutes for the {m.words:,} words of"
+        f" the main text at {WPM} words a minute (formulas, code and figures take longer);"
+        f" running the code took about {run} s when the notebook was last recorded.*"
+    )
+
+
+def reading_time_misses(m: Metrics) -> list[str]:
+    if m.reading_line is None:
+        return ["no reading-time line under the title (--write-reading-time writes it)"]
+    numbers = _READING_NUMBERS.search(m.reading_line)
+    if not numbers:
+        return [f"the reading-time line is malformed: {m.reading_line}"]
+    minutes, words, run = int(numbers[1]), int(numbers[2].replace(",", "")), int(numbers[3])
+    misses = []
+    if words != m.words or minutes != reading_minutes(m.words):
+        misses.append(
+            f"the reading-time line states {words} words / {minutes} min, the main text has "
+            f"{m.words} words / {reading_minutes(m.words)} min (--write-reading-time)"
+        )
+    if m.runtime_s is None:
+        misses.append("no recorded run time (metadata nbval_record; record with --nbval-record)")
+    elif abs(run - m.runtime_s) > max(10.0, RUNTIME_TOLERANCE * m.runtime_s):
+        misses.append(
+            f"the reading-time line states a run of {run} s, the last recorded run took "
+            f"{m.runtime_s:.0f} s (--write-reading-time)"
+        )
+    return misses
+
+
+def write_reading_time(path: Path) -> str:
+    """Put (or replace) the reading-time line under the title of the notebook at ``path``."""
+    nb = json.loads(Path(path).read_text())
+    m = measure(nb, name=Path(path).name)
+    line = reading_time_line(m)
+    cell = next(c for c in nb["cells"] if c["cell_type"] == "markdown")
+    text = source(cell)
+    if _READING.search(text):
+        text = _READING.sub(line, text, count=1)
+    else:
+        title, _, rest = text.partition("\n")
+        text = f"{title}\n\n{line}\n" + (rest if rest.startswith("\n") else "\n" + rest)
+    lines = text.split("\n")
+    cell["source"] = [s + "\n" for s in lines[:-1]] + ([lines[-1]] if lines[-1] else [])
+    Path(path).write_text(json.dumps(nb, indent=1, ensure_ascii=False) + "\n")
+    return line
+
+
 def check(m: Metrics) -> list[str]:
     misses = []
+    if m.name[2:].zfill(2) in CHAPTERS_AT_STANDARD or m.name[:2] in CHAPTERS_AT_STANDARD:
+        misses += reading_time_misses(m)
     if m.stretch_words > TARGETS["max_stretch_words"]:
         misses.append(f"{m.stretch_words} words without a figure (> {TARGETS['max_stretch_words']})")
     if m.numeric_lines > TARGETS["max_numeric_lines"]:
@@ -274,6 +359,8 @@ def table(ms: list[Metrics]) -> str:
         ("learning objectives first", lambda m: "yes" if m.objectives_first else "no"),
         ("summary last", lambda m: "yes" if m.summary_last else "no"),
         ("going further after the exercises", lambda m: "yes" if m.going_further_after_exercises else "no"),
+        ("reading time (min read + s run)", lambda m: (
+            f"{reading_minutes(m.words)} + {m.runtime_s:.0f} s" if m.runtime_s else "no run")),
         ("meets the targets", lambda m: "yes" if not m.misses else "no"),
     ]
     head = "| | " + " | ".join(m.name for m in ms) + " |"
@@ -287,8 +374,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("notebooks", nargs="*", type=Path, help="default: book/0N_*.ipynb")
     parser.add_argument("--check", action="store_true", help="fail if a chapter at standard misses")
+    parser.add_argument(
+        "--write-reading-time", action="store_true", help="(re)write each chapter's reading-time line"
+    )
     args = parser.parse_args(argv)
     paths = args.notebooks or chapters()
+    if args.write_reading_time:
+        for path in paths:
+            print(f"{Path(path).name}: {write_reading_time(Path(path))}")
     ms = []
     for path in paths:
         nb = json.loads(Path(path).read_text())

@@ -119,3 +119,27 @@ def test_the_script_runs_on_every_chapter(capsys):
     assert "| words of prose |" in out and "ch1" in out
     assert status == 0  # no --check: the table only
     assert tm.main(["--check"]) == 0, capsys.readouterr().out
+
+
+def test_reading_time_line(tmp_path):
+    nb = json.loads(nbformat.writes(_notebook()))
+    m = tm.measure(nb, "ch9")
+    assert tm.reading_time_misses(m)[0].startswith("no reading-time line")
+    nb["metadata"][tm.RECORD_KEY] = {"execution_seconds": 64.2}
+    path = tmp_path / "09_a_chapter.ipynb"
+    path.write_text(json.dumps(nb))
+    line = tm.write_reading_time(path)
+    assert f"for the {m.words:,} words" in line and "about 60 s" in line
+    written = json.loads(path.read_text())
+    first = tm.source(written["cells"][0])
+    assert first.startswith("# 9. A chapter\n\n*Reading time:") and "**Learning objectives.**" in first
+    m2 = tm.measure(written, "09_a_chapter")
+    assert m2.words == m.words  # the line itself is not prose
+    assert tm.reading_time_misses(m2) == []
+    assert tm.write_reading_time(path) == line  # rewriting replaces, not adds
+    assert tm.source(json.loads(path.read_text())["cells"][0]).count("Reading time") == 1
+    # a run recorded later, far from the stated one, or changed prose, is reported
+    written["metadata"][tm.RECORD_KEY]["execution_seconds"] = 200.0
+    assert "recorded run took 200 s" in tm.reading_time_misses(tm.measure(written, "x"))[0]
+    written["cells"][2]["source"] = "More words than before, many more."
+    assert "words" in tm.reading_time_misses(tm.measure(written, "x"))[0]
