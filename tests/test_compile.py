@@ -248,6 +248,45 @@ def test_metric_products_second_eager_call_compile_nothing():
             np.testing.assert_array_equal(a, b)
 
 
+_SCALE = {"model": 1.0, "loss": 1.0}  # read by the model and the loss below, changed between calls
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ggn_traces_model_and_loss_in_one_program_and_follows_both_globals(dtype, monkeypatch):
+    """The GGN product calls two user functions; one make_jaxpr traces both and the joint program is
+    split per call (minigeo._compile._trace_users).  Each part must be the right function: the
+    product follows a change of the model's global and of the loss's global (dense J^T H J truth),
+    and a new value of either reuses the compilation (hoisted scalars are arguments)."""
+    import minigeo._compile as compile_layer
+
+    r = np.random.default_rng(5)
+    X = jnp.asarray(r.normal(size=(7, 3)), dtype)
+    model = lambda p: _SCALE["model"] * jnp.tanh(X @ p["W"])
+    loss = lambda z: _SCALE["loss"] * jnp.sum(jnp.cos(z) + z**4) / 4
+    params = {"W": jnp.asarray(r.normal(size=(3, 2)), dtype)}
+    v = {"W": jnp.asarray(r.normal(size=(3, 2)), dtype)}
+    traces = []
+    joint = compile_layer._trace_users
+    monkeypatch.setattr(compile_layer, "_trace_users", lambda users, plan: traces.append(len(plan)) or joint(users, plan))
+
+    def truth():
+        flat, unravel = jax.flatten_util.ravel_pytree(params)
+        J = jax.jacfwd(lambda f: model(unravel(f)).ravel())(flat)
+        z = model(params)
+        H = jax.hessian(lambda u: loss(u.reshape(z.shape)))(z.ravel())
+        return J.T @ H @ J @ jax.flatten_util.ravel_pytree(v)[0]
+
+    G = mg.ggn(model, loss)
+    G.mv(params, v)
+    for scales in [(1.0, 1.0), (2.0, 1.0), (2.0, 0.5), (0.3, 3.0)]:
+        _SCALE["model"], _SCALE["loss"] = scales
+        got, n = compiles_during(G.mv, params, v)
+        assert n == 0, scales
+        np.testing.assert_allclose(jax.flatten_util.ravel_pytree(got)[0], truth(), rtol=tol(dtype), atol=tol(dtype))
+    assert traces and all(t == 2 for t in traces)  # model and loss: one trace of both per call
+    _SCALE["model"], _SCALE["loss"] = 1.0, 1.0
+
+
 def test_metric_is_a_pytree_whose_damping_changes_without_recompiling():  # noqa: D103
     G = mg.ggn(lambda w: jnp.array([[1.0, 0.0], [1.0, 1.0]]) @ w, lambda z: 0.5 * jnp.sum(z**2))
     assert jax.tree_util.tree_leaves(G.with_damping(2.0)) == [2.0]
