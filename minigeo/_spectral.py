@@ -50,7 +50,7 @@ from ._metric import Metric, join_metric, metric_field, split_metric
 from ._tree import PyTree, ravel, tree_size
 
 __all__ = [
-    "Products", "EstimateInfo", "SpectralDensity", "hutchinson_trace", "certified_top", "slq_logdet", "slq_density",
+    "Products", "EstimateInfo", "SpectralDensity", "probe_terms", "hutchinson_trace", "certified_top", "slq_logdet", "slq_density",
     "certified_ends", "negated", "WHICH", "Eigenpairs",
     "TRACE_METHODS", "hutchpp_trace", "trace_by_method", "hutchinson_diagonal",
     "check_num_probes",
@@ -186,6 +186,21 @@ def _duals(metric_fns: Any, params: PyTree, damping: Any, probes: PyTree, *, nam
 
 
 _compiled_duals = jit_per_callable(_duals, static_argnames=("name", "tol", "maxiter"))
+
+
+def probe_terms(mv: Callable[[PyTree], PyTree], probes: PyTree, duals: PyTree, batched: str) -> jax.Array:
+    """``(u_i^T M z_i)_i`` for stacked probes ``z_i`` and duals ``u_i`` (``mv``: one product ``z -> M z``).
+
+    The one definition of a source's ``terms`` (the Hessian at a point, a batch's product of a
+    dataset operator): ``batched="vmap"`` runs every probe at once, ``"map"`` one at a time.
+    """
+
+    def one(zu: tuple[PyTree, PyTree]) -> jax.Array:
+        z, u = zu
+        mz = mv(z)
+        return sum(jnp.vdot(a, b) for a, b in zip(jax.tree_util.tree_leaves(u), jax.tree_util.tree_leaves(mz)))
+
+    return jax.vmap(one)((probes, duals)) if batched == "vmap" else jax.lax.map(one, (probes, duals))
 
 
 def hutchinson_trace(

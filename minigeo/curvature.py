@@ -41,6 +41,7 @@ from ._spectral import (
     Products,
     SpectralDensity,
     certified_ends,
+    probe_terms,
     diagonal_by_method,
     fixed_block_lanczos,
     slq_density,
@@ -1018,13 +1019,7 @@ def _flat_block_hvp(f: Callable[[PyTree], jax.Array], params: PyTree, V: jax.Arr
 
 def _probe_terms(f: Callable[[PyTree], jax.Array], params: PyTree, probes: PyTree, duals: PyTree, *, batched: str) -> jax.Array:
     """``(u_i^T H z_i)_i`` for stacked probes ``z_i`` and duals ``u_i``."""
-
-    def one(zu: tuple[PyTree, PyTree]) -> jax.Array:
-        z, u = zu
-        hz = _hvp(f, params, z)
-        return sum(jnp.vdot(a, b) for a, b in zip(jax.tree_util.tree_leaves(u), jax.tree_util.tree_leaves(hz)))
-
-    return jax.vmap(one)((probes, duals)) if batched == "vmap" else jax.lax.map(one, (probes, duals))
+    return probe_terms(lambda z: _hvp(f, params, z), probes, duals, batched)
 
 
 def _fixed_run(

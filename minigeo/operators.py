@@ -35,6 +35,7 @@ from ._spectral import (
     Products,
     SpectralDensity,
     certified_ends,
+    probe_terms,
     check_num_probes,
     diagonal_by_method,
     slq_density,
@@ -1112,25 +1113,12 @@ class CurvatureOperator:
         )
 
 
-def _probe_terms(batch_mv: Callable) -> Callable:
-    """``(params, probes, duals, batch) -> (u_p^T M_b z_p)_p`` for stacked probes."""
-
-    def terms(params, probes, duals, batch, batched="vmap"):
-        def one(zu):
-            z, u = zu
-            mz = batch_mv(params, z, batch)
-            return sum(jnp.vdot(a, b) for a, b in zip(jax.tree_util.tree_leaves(u), jax.tree_util.tree_leaves(mz)))
-
-        return jax.vmap(one)((probes, duals)) if batched == "vmap" else jax.lax.map(one, (probes, duals))
-
-    return terms
-
-
 # ---------------------------------------------------------------------------
 # constructors
 # ---------------------------------------------------------------------------
 def _terms_impl(batch_mv: Callable, params, probes, duals, batch, *, batched: Any = "vmap"):
-    return _probe_terms(batch_mv)(params, probes, duals, batch, batched=batched)
+    """``(u_p^T M_b z_p)_p`` of one batch ``b`` for stacked probes (the estimators' one definition)."""
+    return probe_terms(lambda z: batch_mv(params, z, batch), probes, duals, batched)
 
 
 # traced at every call (once per batch shape inside one method call), compiled once per program
