@@ -40,6 +40,7 @@ from ._eigen import (
 from ._estimators import (
     check_slq_positive,
     mean_and_standard_error,
+    small_sample_factor,
     rademacher_like,
     slq_breakdown_tol,
     slq_quadrature,
@@ -280,6 +281,7 @@ def hutchpp_trace(
     values = source.terms(_stacked(params, X), _stacked(params, inverse(X)), batched)
     check_finite(values, f"The {source.name} products", hint=_CG_HINT)
     rest, se = mean_and_standard_error(values)
+    se = se * small_sample_factor(r)  # the se rests on r probes: +- 2 se is a 95 % interval (issue 55)
     est = exact + rest
     if return_info:
         ok = jnp.isfinite(est) & jnp.all(jnp.isfinite(values))
@@ -954,6 +956,7 @@ def xtrace_trace(
     check_finite(Z, f"The {source.name} products", hint=_CG_HINT)
     ests = _xtrace_estimates(Om.T, Q, R, S, Z)
     est, err = mean_and_standard_error(ests)
+    err = err * small_sample_factor(m)  # the error rests on m estimates: +- 2 se is a 95 % interval (issue 55)
     if return_info:
         ok = jnp.isfinite(est) & jnp.isfinite(err)
         return est, err, EstimateInfo(jnp.where(ok, Status.OK, Status.NON_FINITE).astype(jnp.int32), 2 * m)
