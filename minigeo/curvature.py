@@ -591,10 +591,11 @@ def trace_estimate(
         :math:`m` samples they rest on (6.98 for :math:`n = 2`, 1.65 for 4, 1.10 for 15, tending to 1):
         ``est +- 2 se`` is then a 95 % interval for a Gaussian estimate, and ``inf`` when
         :math:`n = 1` (Hutch++ at budget 3).  Measured coverage of ``est +- 2 se`` (400 keys, quadratics
-        with flat, :math:`k^{-1}` and :math:`k^{-2}` spectra, ``benchmarks/bench_trace_coverage.py``):
-        Hutch++ 88-97 % and XTrace 88-96 % at budgets 4 to 20 (60-86 % before the factor); Hutchinson,
-        unchanged, 79-95 % (lowest at 4 to 9 probes on a fast-decaying spectrum).  XTrace's error
-        estimate still tends to underestimate when :math:`m` approaches the dimension.
+        of dimension 60 and 200 with flat, :math:`k^{-1}` and :math:`k^{-2}` spectra,
+        ``benchmarks/bench_trace_coverage.py``): Hutch++ 88-98 % and XTrace 87-97 % at budgets 4 to 20
+        (60-90 % without the factor); Hutchinson, unchanged, 78-96 % (lowest at 4 to 12 probes on a
+        fast-decaying spectrum).  XTrace's error estimate still underestimates when :math:`m` approaches
+        the dimension (76-84 % at :math:`m = d/2`).
     return_info : bool, optional
         Also return an :class:`~minigeo.EstimateInfo` (its :class:`~minigeo.Status`): the way to
         check the estimate under ``jit``, where nothing can be raised (a failed solve gives NaN).
