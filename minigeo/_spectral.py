@@ -40,10 +40,10 @@ from ._eigen import (
 from ._estimators import (
     check_slq_positive,
     mean_and_standard_error,
-    small_sample_factor,
     rademacher_like,
     slq_breakdown_tol,
     slq_quadrature,
+    small_sample_factor,
 )
 from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan, checked_dense_factor
 from ._linalg import lanczos_tridiagonal, lanczos_tridiagonal_offloaded

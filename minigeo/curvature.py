@@ -27,12 +27,12 @@ import jax.scipy.linalg as jsl
 from ._checks import (
     GeometryError,
     as_float_point,
-    check_working_precision,
-    check_key,
     check_finite,
+    check_key,
     check_same_structure,
     check_spd,
     check_square_matrix,
+    check_working_precision,
     is_concrete,
     symmetry_rtol,
 )
@@ -582,10 +582,11 @@ def trace_estimate(
         Iteration cap of those solves, a positive int.
     method : {"hutchinson", "hutch++", "xtrace"}, optional
         The estimator.  **Standard errors at small budgets.**  Hutchinson's rests on all
-        :math:`P` probes.  Hutch++'s rests only on its :math:`r = \text{budget} - 2\lfloor\text{budget}/3\rfloor`
-        deflated probes (given the sketch): 2 at budgets 4 to 8, 3 or 4 at 9 to 14, 8 at 20; XTrace's
-        on its :math:`m = \lfloor\text{budget}/2\rfloor` leave-one-out estimates (their standard
-        deviation over :math:`\sqrt m`, the paper's error estimate).  A spread measured from so few
+        :math:`P` probes.  Hutch++'s rests only on its
+        :math:`r = \text{budget} - 2\lfloor\text{budget}/3\rfloor` deflated probes (given the sketch):
+        1 at budget 3, 2 to 4 at budgets 4 to 8, 3 to 6 at 9 to 14, 8 at 20; XTrace's on its
+        :math:`m = \lfloor\text{budget}/2\rfloor` leave-one-out estimates (their standard deviation
+        over :math:`\sqrt m`, the paper's error estimate).  A spread measured from so few
         samples is itself uncertain (with 2 samples ``est +- 2 se`` covered only 60-72 % of runs), so
         both are widened by the Student-t factor :math:`t_{n-1}(0.977)/2` for the :math:`n = r` or
         :math:`m` samples they rest on (6.98 for :math:`n = 2`, 1.65 for 4, 1.10 for 15, tending to 1):

@@ -26,7 +26,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import GeometryError, as_float_point, check_finite, check_key, check_same_structure, check_working_precision
+from ._checks import (
+    GeometryError,
+    as_float_point,
+    check_finite,
+    check_key,
+    check_same_structure,
+    check_working_precision,
+)
 from ._compile import jit_per_callable, one_trace_per_call
 from ._linalg import check_damping
 from ._restrict import restriction
