@@ -326,6 +326,24 @@ def as_float_point(tree: Any, what: str = "params") -> Any:
     return tree
 
 
+def check_working_precision(tree: Any, who: str, what: str = "params") -> None:
+    """Raise for float16/bfloat16 leaves: the solvers, factorizations and estimators need float32 or float64.
+
+    XLA's CPU linear algebra (QR, ``eigh``, Cholesky) has no half-precision kernels (a raw
+    ``NotImplementedError``), and the 8 to 11 bit mantissas overflow or round away the sums of probes and
+    the Krylov recurrences (a Hutchinson trace of ``inf``).  Dtypes are static: the check also runs
+    under ``jit``.
+    """
+    small = {jnp.dtype(jnp.float16), jnp.dtype(jnp.bfloat16)}
+    low = sorted({jnp.dtype(jnp.result_type(x)).name for x in jax.tree_util.tree_leaves(tree)} & {d.name for d in small})
+    if low:
+        raise GeometryError(
+            f"{who}: {what} are in {', '.join(low)}, which this computation does not support: linear algebra (QR, "
+            "eigh, Cholesky) has no half-precision kernels and 8 to 11 bit mantissas overflow or round away its "
+            f"sums. Cast to float32, e.g. jax.tree_util.tree_map(lambda x: x.astype(jnp.float32), {what})."
+        )
+
+
 def is_matrix(obj: Any) -> bool:
     """An array-like matrix: anything with a shape, or a nested list/tuple of real numbers (not a callable)."""
     if callable(obj):

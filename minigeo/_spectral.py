@@ -43,6 +43,7 @@ from ._estimators import (
     rademacher_like,
     slq_breakdown_tol,
     slq_quadrature,
+    small_sample_factor,
 )
 from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan, checked_dense_factor
 from ._status import Status, first_failure, raise_for_status
@@ -294,6 +295,7 @@ def hutchpp_trace(
     values = source.terms(_stacked(params, X), _stacked(params, inverse(X)), batched)
     check_finite(values, f"The {source.name} products", hint=_CG_HINT)
     rest, se = mean_and_standard_error(values)
+    se = se * small_sample_factor(r)  # the se rests on r probes: +- 2 se is a 95 % interval (issue 55)
     est = exact + rest
     if return_info:
         ok = jnp.isfinite(est) & jnp.all(jnp.isfinite(values))
@@ -971,6 +973,7 @@ def xtrace_trace(
     check_finite(Z, f"The {source.name} products", hint=_CG_HINT)
     ests = _xtrace_estimates(Om.T, Q, R, S, Z)
     est, err = mean_and_standard_error(ests)
+    err = err * small_sample_factor(m)  # the error rests on m estimates: +- 2 se is a 95 % interval (issue 55)
     if return_info:
         ok = jnp.isfinite(est) & jnp.isfinite(err)
         return est, err, EstimateInfo(jnp.where(ok, Status.OK, Status.NON_FINITE).astype(jnp.int32), 2 * m)

@@ -28,7 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._compile import bind_batch
-from ._checks import GeometryError, check_finite, check_key, check_spd, check_square_matrix, is_concrete
+from ._checks import (
+    GeometryError, as_float_point, check_finite, check_key, check_spd, check_square_matrix, check_working_precision,
+    is_concrete,
+)
 from ._spectral import EstimateInfo, slq_logdet
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from .coords import Reparametrization
@@ -402,7 +405,8 @@ def laplace_log_marginal_likelihood(
         If the curvature is not positive definite (not a strict minimum): use a GGN
         curvature or add ``prior_precision``.  Also for an unknown ``method`` or
         ``reparametrization`` type, ``method="slq"`` without ``key``, or a dense curvature
-        larger than ``max_size``.
+        larger than ``max_size``; ``params`` empty, integer, complex, float16/bfloat16 or (eagerly) not
+        finite; ``prior_precision`` not a real scalar or (eagerly) negative or not finite.
 
     Examples
     --------
@@ -420,6 +424,7 @@ def laplace_log_marginal_likelihood(
     Kristiadi, Dangel & Hennig (2023), Sec. 4.2, eq. (14) (signs corrected, see the module notes) and
     Table 1; MacKay (1992). Taught in chapter 5, *Densities and volume forms*.
     """
+    params = _check_laplace_inputs(params, prior_precision, "laplace_log_marginal_likelihood")
     metric = metric_field(metric, "laplace_log_marginal_likelihood")
     neg_log_joint = bind_batch(neg_log_joint, batch)
     if reparametrization is not None:
@@ -501,6 +506,39 @@ def _laplace_precision(
     return C + jnp.asarray(prior_precision, C.dtype) * jnp.eye(d, dtype=C.dtype)
 
 
+def _check_laplace_inputs(params: PyTree, prior_precision: Any, who: str) -> PyTree:
+    """The public boundary of the Laplace functions: real floating (float32/float64), non-empty, finite
+    params (eagerly), and a prior precision that is a real scalar, finite and >= 0 (eagerly)."""
+    params = as_float_point(params, f"{who}: params")
+    check_working_precision(params, who)
+    check_finite(params, f"{who}: params", hint="The Laplace approximation is centred on a finite minimum theta*.")
+    if isinstance(prior_precision, (bool, np.bool_)) or not (
+        isinstance(prior_precision, (int, float, np.integer, np.floating))
+        or (hasattr(prior_precision, "shape") and jnp.shape(prior_precision) == ()
+            and jnp.issubdtype(jnp.result_type(prior_precision), jnp.number)
+            and not jnp.issubdtype(jnp.result_type(prior_precision), jnp.complexfloating))
+    ):
+        raise GeometryError(f"{who}: prior_precision must be a real scalar >= 0, got {prior_precision!r}.")
+    if is_concrete(prior_precision):
+        alpha = float(np.asarray(prior_precision))
+        if not (np.isfinite(alpha) and alpha >= 0):
+            raise GeometryError(
+                f"{who}: prior_precision must be finite and >= 0 (the precision alpha of the Gaussian prior "
+                f"N(0, I / alpha); 0 is a flat prior), got {alpha!r}. A negative value would be subtracted from the "
+                "curvature, which no prior does."
+            )
+    return params
+
+
+def _laplace_status(params: PyTree, prior_precision: Any, precision: jax.Array, cholesky: jax.Array) -> jax.Array:
+    """The :class:`~minigeo.Status` of a Laplace posterior (traceable): ``NON_FINITE`` for non-finite params or
+    precision, ``NOT_POSITIVE_DEFINITE`` for a negative prior precision or a failed Cholesky factorization."""
+    finite = jnp.all(jnp.isfinite(ravel(params)[0])) & jnp.all(jnp.isfinite(precision))
+    alpha = jnp.asarray(prior_precision)
+    pd = jnp.isfinite(alpha) & (alpha >= 0) & jnp.all(jnp.isfinite(cholesky))
+    return jnp.where(~finite, Status.NON_FINITE, jnp.where(~pd, Status.NOT_POSITIVE_DEFINITE, Status.OK)).astype(jnp.int32)
+
+
 class LaplacePosterior(NamedTuple):
     r"""The Laplace posterior :math:`\mathcal N(\theta^*, \Sigma)`, :math:`\Sigma = (C + \alpha I)^{-1}`, dense.
 
@@ -514,6 +552,11 @@ class LaplacePosterior(NamedTuple):
         :math:`\Sigma^{-1}` over the flattened parameters, ``(d, d)``.
     cholesky : jax.Array
         The lower Cholesky factor :math:`L` of the precision.
+    status : jax.Array
+        int32 scalar, a :class:`~minigeo.Status`: ``OK``; ``NON_FINITE`` (non-finite params or curvature)
+        or ``NOT_POSITIVE_DEFINITE`` (a negative prior precision, or a precision that is not positive
+        definite: then ``cholesky`` is NaN).  Eagerly :func:`~minigeo.laplace_posterior` raises
+        instead; under ``jax.jit`` check it yourself.
 
     Examples
     --------
@@ -536,6 +579,7 @@ class LaplacePosterior(NamedTuple):
     mean: PyTree
     precision: jax.Array
     cholesky: jax.Array
+    status: jax.Array = Status.OK
 
     def covariance(self) -> jax.Array:
         r""":math:`\Sigma = (LL^\top)^{-1}`, ``(d, d)`` (a triangular solve, no explicit inverse of the precision)."""
@@ -596,7 +640,10 @@ def laplace_posterior(
     ------
     GeometryError
         If the precision is not positive definite (``params`` is not a strict minimum: use a GGN
-        curvature or ``prior_precision > 0``), not finite, or larger than ``max_size``.
+        curvature or ``prior_precision > 0``), not finite, or larger than ``max_size``; if ``params``
+        is empty, integer, complex, float16/bfloat16 or (eagerly) not finite; if ``prior_precision`` is
+        not a real scalar or (eagerly) negative or not finite.  Under ``jax.jit`` nothing is raised for
+        values: read ``status``.
 
     Examples
     --------
@@ -611,6 +658,7 @@ def laplace_posterior(
     ----------
     MacKay (1992); Kristiadi, Dangel & Hennig (2023), Sec. 4.2. Chapter 5.
     """
+    params = _check_laplace_inputs(params, prior_precision, "laplace_posterior")
     neg_log_joint = bind_batch(neg_log_joint, batch)
     P = _laplace_precision(neg_log_joint, params, curvature, prior_precision, max_size, "laplace_posterior")
     try:
@@ -620,7 +668,8 @@ def laplace_posterior(
             f"laplace_posterior: {err} params is not a strict minimum of neg_log_joint: use a GGN curvature "
             "(curvature=mg.ggn(model, nll)) or prior_precision > 0."
         ) from None
-    return LaplacePosterior(params, P, jnp.linalg.cholesky(P))
+    L = jnp.linalg.cholesky(P)
+    return LaplacePosterior(params, P, L, _laplace_status(params, prior_precision, P, L))
 
 
 class GLMPredictive(NamedTuple):

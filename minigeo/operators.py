@@ -26,7 +26,14 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ._checks import GeometryError, as_float_point, check_finite, check_same_structure
+from ._checks import (
+    GeometryError,
+    as_float_point,
+    check_finite,
+    check_key,
+    check_same_structure,
+    check_working_precision,
+)
 from ._compile import jit_per_callable, one_trace_per_call
 from ._linalg import check_damping
 from ._restrict import restriction
@@ -306,6 +313,26 @@ def _num_examples(batch: Batch, who: str, examples: Callable[[Batch], Any] | Non
     if n == 0:
         raise GeometryError(f"{who}: a batch is empty; every batch needs at least one example.")
     return n
+
+
+def _check_key_first(key: Any, batches: Any, who: str) -> None:
+    """Raise unless ``key`` is a PRNG key, naming swapped ``(batches, key)`` arguments when ``batches`` is one.
+
+    Runs before any batch is read (a raw ``TypeError`` from deep in the solver otherwise)."""
+    try:
+        check_key(key, f"{who}: key")
+    except GeometryError:
+        try:
+            check_key(batches)
+        except GeometryError:
+            raise GeometryError(
+                f"{who}: key must be a JAX PRNG key, e.g. jax.random.PRNGKey(0) or jax.random.key(0); got "
+                f"{type(key).__name__}. The signature is {who.split('.')[-1]}(key, batches, ...)."
+            ) from None
+        raise GeometryError(
+            f"{who}: the arguments are swapped: the first is {type(key).__name__} (the batches?) and the second a "
+            f"PRNG key. Call {who.split('.')[-1]}(key, batches, ...)."
+        ) from None
 
 
 # ---------------------------------------------------------------------------
@@ -637,7 +664,10 @@ class CurvatureOperator:
             Use at most this many batches (required for an iterable without a length).
         method : {"hutchinson", "hutch++", "xtrace"}, optional
             As in :func:`~minigeo.trace_estimate`; ``num_probes`` is the budget of products, and
-            Hutch++ passes over the data three times, XTrace twice (``batches`` must allow it).
+            Hutch++ passes over the data three times, XTrace twice (``batches`` must allow it).  Their
+            standard errors rest on the few samples named there (Hutch++'s deflated probes, XTrace's
+            leave-one-out estimates) and are widened by the Student-t factor for that count, so that
+            ``est +- 2 se`` is a 95 % interval at small budgets too.
         return_info : bool, optional
             Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
 
@@ -651,7 +681,8 @@ class CurvatureOperator:
         ------
         GeometryError
             If ``num_probes`` is not a positive int, ``batched`` is unknown, ``tol`` or ``maxiter`` is
-            invalid, ``key`` is not a PRNG key, ``batches`` has no length and no ``max_batches`` is
+            invalid, ``key`` is not a PRNG key (also when ``key`` and ``batches`` are swapped), the
+            operator's params are float16/bfloat16, ``batches`` has no length and no ``max_batches`` is
             given, there are no batches, or the products are not finite.
 
         Examples
@@ -672,6 +703,8 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), App. A.2 (the Riemannian trace :math:`\mathrm{tr}(G^{-1}H)`).
         Taught in chapter 4, *Invariant Hessians*.
         """
+        _check_key_first(key, batches, f"{self.name}.trace_estimate")
+        check_working_precision(self.params, f"{self.name}.trace_estimate")
         if method in ("hutch++", "xtrace"):
             fresh = _many_passes(batches, f"{self.name}.trace_estimate ({method})", max_batches)
         else:
@@ -756,6 +789,8 @@ class CurvatureOperator:
         No formula from the source papers: Bekas, Kokiopoulou & Saad (2007); XDiag: Epperly, Tropp &
         Webber (2024). Chapter 4.
         """
+        _check_key_first(key, batches, f"{self.name}.diagonal_estimate")
+        check_working_precision(self.params, f"{self.name}.diagonal_estimate")
         if method == "xdiag":
             fresh = _many_passes(batches, f"{self.name}.diagonal_estimate (xdiag)", max_batches)
         else:
@@ -905,9 +940,10 @@ class CurvatureOperator:
         Raises
         ------
         GeometryError
-            If ``batches`` is a one-shot iterator or has no length (and no ``max_batches``), ``k``,
-            ``num_iterations`` or ``block_size`` is invalid, a value cannot be certified to ``rtol``, or
-            the products are not finite.
+            If ``key`` is not a PRNG key (the message names swapped ``(batches, key)`` arguments), the
+            operator's params are float16/bfloat16, ``batches`` is a one-shot iterator or has no length
+            (and no ``max_batches``), ``k``, ``num_iterations`` or ``block_size`` is invalid, a value
+            cannot be certified to ``rtol``, or the products are not finite.
 
         Examples
         --------
@@ -925,6 +961,8 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), Sec. 3.1 and App. A.3 (eigenvalues of :math:`E = G^{-1}H`
         are invariant). Taught in chapter 4, *Invariant Hessians*.
         """
+        _check_key_first(key, batches, f"{self.name}.top_eigenvalues")
+        check_working_precision(self.params, f"{self.name}.top_eigenvalues")
         fresh = _many_passes(batches, "top_eigenvalues", max_batches)
         steps = lambda r: _progress(r, progress, f"{self.name} Lanczos")
         source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, fresh()), steps=steps)
@@ -1008,6 +1046,8 @@ class CurvatureOperator:
         Lin, Saad & Yang (2016), Sec. 3.2; Kristiadi, Dangel & Hennig (2023), Sec. 3.1 (the invariant
         :math:`E`). Chapter 4.
         """
+        _check_key_first(key, batches, f"{self.name}.spectral_density")
+        check_working_precision(self.params, f"{self.name}.spectral_density")
         fresh = _many_passes(batches, "spectral_density", max_batches)
         steps = lambda r: _progress(r, progress, f"{self.name} SLQ")
         source = Products(self.params, self.name, None, lambda V: self._dataset_block_mv(V, fresh()), steps=steps)
@@ -1101,6 +1141,8 @@ class CurvatureOperator:
         Kristiadi, Dangel & Hennig (2023), Sec. 4.2, eq. (14) (the log-determinant of the Laplace
         evidence). Taught in chapter 5, *Densities and volume forms*.
         """
+        _check_key_first(key, batches, f"{self.name}.logdet_slq")
+        check_working_precision(self.params, f"{self.name}.logdet_slq")
         check_damping(damping, "logdet_slq: damping")
         check_num_probes(num_probes, "logdet_slq")
         fresh = _many_passes(batches, "logdet_slq", max_batches)

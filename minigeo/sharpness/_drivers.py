@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._checks import GeometryError, as_float_point, check_finite, check_key, is_concrete
+from .._checks import GeometryError, as_float_point, check_finite, check_key, check_same_structure, is_concrete
 from .._compile import jit_per_callable
 from .._pairs import _eps_that_works
 from .._tree import PyTree
@@ -91,8 +91,7 @@ def _check_stacked(batches: PyTree, who: str) -> int:
     how = (
         "Sharpness takes a stack of batches, every leaf of shape (num_batches, batch_size, ...): stack one batch "
         "with jax.tree_util.tree_map(lambda x: x[None], batch), a dataset with "
-        "mg.batches_of(data, batch_size, drop_remainder=True).stacked(); give a per-batch scalar the shape "
-        "(num_batches, 1)."
+        "mg.batches_of(data, batch_size, drop_remainder=True).stacked()."
     )
     for path, x in pairs:
         if jnp.ndim(x) < 2:
@@ -107,6 +106,18 @@ def _check_stacked(batches: PyTree, who: str) -> int:
         raise GeometryError(
             f"{who}: batches must be stacked along a common leading axis of length >= 1 (one entry per batch); "
             f"got leading sizes {listing}."
+        )
+    examples = {int(jnp.shape(x)[1]) for _, x in pairs}
+    if len(examples) != 1:
+        # the rule of the curvature operators: the leaves of a batch agree on their example axis.  An unstacked
+        # batch (inputs (n, d), targets (n, k)) passes the two-axis rule but is read as n batches whose leaves
+        # have sizes d and k on that axis (n single examples without an example axis, silently)
+        listing = ", ".join(f"{jax.tree_util.keystr(p) or '(root)'}: {tuple(jnp.shape(x))}" for p, x in pairs)
+        raise GeometryError(
+            f"{who}: the leaves of batches disagree on the example axis (axis 1, the batch size) ({listing}), so "
+            f"batches is not a stack of batches: an unstacked batch of n examples would be read as n batches of one "
+            f"example without an example axis. {how} A per-batch value that is not per-example (a mask, a "
+            "temperature) must be repeated along the example axis or closed over in loss_fn."
         )
     return sizes.pop()
 
@@ -341,7 +352,9 @@ def adaptive_sharpness(
     batches : pytree
         A **stack** of batches: every leaf of shape ``(num_batches, batch_size, ...)``, the leading
         batch-index axis shared by all leaves, each batch keeping its own example axis (so every leaf has
-        at least two axes; a per-batch scalar has shape ``(num_batches, 1)``).  ``loss_fn`` receives one
+        at least two axes, and all leaves agree on the batch size, axis 1, as the leaves of a batch agree
+        on the example axis in the curvature operators; a per-batch value that is not per-example is
+        repeated along that axis or closed over in ``loss_fn``).  ``loss_fn`` receives one
         entry ``batch = tree_map(lambda x: x[b], batches)``; the result is averaged over batches.  Stack
         one batch with ``tree_map(lambda x: x[None], batch)``, a dataset with
         ``mg.batches_of(data, batch_size, drop_remainder=True).stacked()``.
@@ -381,8 +394,10 @@ def adaptive_sharpness(
     Raises
     ------
     GeometryError
-        Always (shapes and dtypes are static): ``batches`` not stacked (a leaf with fewer than two axes)
-        or its leaves disagreeing on the number of batches; ``loss_fn`` failing on one batch's shapes or
+        Always (shapes and dtypes are static): ``batches`` not stacked (a leaf with fewer than two axes,
+        or leaves disagreeing on the batch size: an unstacked batch ``(inputs (n, d), targets (n, k))``
+        would otherwise be read as ``n`` batches) or its leaves disagreeing on the number of batches;
+        ``spec`` built for params of another structure or shapes; ``loss_fn`` failing on one batch's shapes or
         not returning a real scalar; ``key`` not a PRNG key; params empty, integer or complex; params or
         loss in float16/bfloat16 (cast to float32).  Eagerly: rho not a positive finite scalar or above
         ``1/eps`` of the loss's dtype, non-finite params or batches, or a non-finite loss during the
@@ -533,3 +548,23 @@ def _check_spec(spec: Any, params: PyTree, who: str) -> None:
             f"the SymmetrySpec was built for a pytree with {spec.num_leaves} leaves, but params has {n_leaves}; "
             "build the spec from these params."
         )
+    if spec.structure is not None and len(spec.leaf_shapes) == n_leaves:
+        # the spec names leaves by index: params of another layout or other shapes would silently pair
+        # other leaves (or fail deep in the search with a raw ValueError/TypeError)
+        if jax.tree_util.tree_structure(params) != spec.structure:
+            raise GeometryError(
+                f"{who}: the SymmetrySpec was built for params of structure {spec.structure}, but params has structure "
+                f"{jax.tree_util.tree_structure(params)}. A spec names leaves by their position; build it from these "
+                "params, mg.symmetry_spec(params, ...)."
+            )
+        dtypes = [jnp.result_type(x) for x in jax.tree_util.tree_leaves(params)]
+        built_for = jax.tree_util.tree_unflatten(
+            spec.structure, [jax.ShapeDtypeStruct(s, d) for s, d in zip(spec.leaf_shapes, dtypes)]
+        )
+        try:
+            check_same_structure(built_for, params, "params", "the params the SymmetrySpec was built for")
+        except GeometryError as err:
+            raise GeometryError(
+                f"{who}: the SymmetrySpec does not fit params: {err} A spec names leaves by their position; build "
+                "it from these params, mg.symmetry_spec(params, ...)."
+            ) from None

@@ -49,6 +49,12 @@ class SymmetrySpec(NamedTuple):
         Indices of the leaves held fixed.
     pair_names : tuple of str
         Readable names of the GL(h) pairs (used in error messages).
+    structure : jax.tree_util.PyTreeDef or None
+        The pytree structure of the parameters the spec was built for; the sharpness functions refuse
+        params of another structure (leaf indices would name other leaves).
+    leaf_shapes : tuple
+        The shape of every leaf of those parameters (in ``tree_leaves`` order); the sharpness functions
+        refuse params whose leaves named by the spec have other shapes.
 
     Examples
     --------
@@ -70,6 +76,8 @@ class SymmetrySpec(NamedTuple):
     gl1_pairs: tuple[tuple[int, int], ...] = ()
     redundant: tuple[int, ...] = ()
     pair_names: tuple[str, ...] = ()
+    structure: Any = None
+    leaf_shapes: tuple[tuple[int, ...], ...] = ()
 
 
 class WithBias(NamedTuple):
@@ -253,7 +261,10 @@ def symmetry_spec(
             )
         gl1.append((ui, vi))
     fixed = tuple(lookup(path) for path in redundant)
-    return SymmetrySpec(tuple(pairs), len(leaves), float(eps), tuple(gl1), fixed, tuple(names))
+    shapes = tuple(tuple(int(n) for n in jnp.shape(leaf)) for leaf in leaves)
+    return SymmetrySpec(
+        tuple(pairs), len(leaves), float(eps), tuple(gl1), fixed, tuple(names), jax.tree_util.tree_structure(params), shapes
+    )
 
 
 #: :attr:`SharpnessResult.status` codes, members of the one :class:`~minigeo.Status` enumeration: success,
