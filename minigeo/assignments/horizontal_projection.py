@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ..quotient import gl_metric, horizontal_projection, vertical_vector
-from ._kit import CheckReport, _close, _run
+from ._kit import CheckReport, _close, _run, _key
 
 
 def _pair_cases(key: jax.Array, n: int = 3) -> list[tuple[jax.Array, jax.Array, jax.Array, jax.Array]]:
@@ -62,8 +62,8 @@ def check_vertical_vector(
     """
 
     def body() -> str:
-        for i, (G, H, _, _) in enumerate(_pair_cases(jax.random.PRNGKey(6))):
-            Om = jax.random.normal(jax.random.PRNGKey(60 + i), (3, 3))
+        for i, (G, H, _, _) in enumerate(_pair_cases(_key(6))):
+            Om = jax.random.normal(_key(60 + i), (3, 3))
             xG, xH = fn(G, H, Om)
             _close(
                 xG @ H.T + G @ xH.T,
@@ -116,8 +116,8 @@ def check_quotient_metric(
     """
 
     def body() -> str:
-        for i, (G, H, a, b) in enumerate(_pair_cases(jax.random.PRNGKey(7))):
-            k1, k2 = jax.random.split(jax.random.PRNGKey(70 + i))
+        for i, (G, H, a, b) in enumerate(_pair_cases(_key(7))):
+            k1, k2 = jax.random.split(_key(70 + i))
             eta, zeta = (a, b), (jax.random.normal(k1, (5, 3)), jax.random.normal(k2, (4, 3)))
             val = fn(G, H, eta, zeta)
             _close(
@@ -126,7 +126,7 @@ def check_quotient_metric(
                 "the inner product",
                 "Use metric (15) with P = G^T G and Q = H^T H.",
             )
-            A = jax.random.normal(jax.random.PRNGKey(75 + i), (3, 3)) + 3.0 * jnp.eye(3)
+            A = jax.random.normal(_key(75 + i), (3, 3)) + 3.0 * jnp.eye(3)
             Ai = jnp.linalg.inv(A)
             moved = fn(G @ Ai, H @ A.T, (eta[0] @ Ai, eta[1] @ A.T), (zeta[0] @ Ai, zeta[1] @ A.T))
             _close(
@@ -176,7 +176,7 @@ def check_horizontal_projection(
     """
 
     def body() -> str:
-        for i, (G, H, a, b) in enumerate(_pair_cases(jax.random.PRNGKey(8))):
+        for i, (G, H, a, b) in enumerate(_pair_cases(_key(8))):
             xi = (a, b)
             got = fn(G, H, xi)
             hint_orth = (
@@ -190,7 +190,7 @@ def check_horizontal_projection(
                     "the metric-(15) inner product of your result with a vertical vector",
                     hint_orth,
                 )
-            ver = vertical_vector((G, H), jax.random.normal(jax.random.PRNGKey(80 + i), (3, 3)))
+            ver = vertical_vector((G, H), jax.random.normal(_key(80 + i), (3, 3)))
             pv = fn(G, H, ver)
             for side, z in zip(("G", "H"), pv):
                 _close(
