@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import subprocess
 import sys
 import time
@@ -273,3 +274,91 @@ def test_sandbox_has_no_network_no_grader_processes_and_a_small_environment(tmp_
         timeout=280,
     )
     assert run.stdout.startswith(f"{path}: 3 of 3 checks passed"), run.stdout + run.stderr
+
+
+# Issue 54: per assignment, a submission that answers a task with the library's own function fails
+# that task.  The grader blocks those functions in the sandbox (``BLOCKED`` in grade.py; the whole
+# path through the grader is shown for assignment 6 above).  Here, per assignment: the library call
+# is a correct answer when nothing is blocked (so the block is what fails it), and once the sandbox
+# has blocked the assignment's functions the same call raises the message the student sees.
+LIBRARY_ANSWERS = {
+    "assignment_01_transformation_rules": (
+        "check_transform_vector",
+        "lambda phi, theta, v: mg.transform_vector(phi, theta, v)",
+    ),
+    "assignment_02_pullback_metrics": (
+        None,  # mg.ggn(...).mv would answer ggn_vector_product; the check is slow, so only the block is shown
+        "lambda model, loss, params, v: mg.ggn(lambda p, b=None: model(p), lambda z, b=None: loss(z))",
+    ),
+    "assignment_03_natural_gradient": (
+        "check_span_projection",
+        "lambda J, g: jax.vmap(lambda e: mg.span_projection(J, g, e), out_axes=1)(jnp.eye(J.shape[0]))",
+    ),
+    "assignment_04_hessian_endomorphism": ("check_invariant_trace", "lambda H, G: mg.endomorphism_trace(H, G)"),
+    "assignment_05_laplace_evidence": (
+        None,  # the change-of-variables check takes about a minute
+        "lambda log_q, phi, psi: mg.transform_log_density(log_q, phi)(psi)",
+    ),
+    "assignment_06_horizontal_projection": (
+        None,  # graded end to end above (library_call)
+        "lambda G, H, xi: mg.horizontal_projection((G, H), xi)",
+    ),
+    "assignment_07_capstone": ("check_kendall_tau", "lambda x, y: mg.kendall_tau(x, y)"),
+}
+
+
+def _grade_module():
+    sys.path.insert(0, str(KIT))
+    try:
+        import grade
+    finally:
+        sys.path.remove(str(KIT))
+    return grade
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(600)
+def test_a_library_call_answers_a_task_of_every_assignment_and_the_grader_blocks_it():
+    import jax  # noqa: F401  (used by the answers' source)
+    import jax.numpy as jnp  # noqa: F401
+
+    import minigeo as mg  # noqa: F401
+    from minigeo import assignments as A
+
+    grade = _grade_module()
+    assert set(LIBRARY_ANSWERS) == {p.stem for p in (KIT / "solutions").glob("*.ipynb")}
+    for name, (check, source) in LIBRARY_ANSWERS.items():
+        called = source.split("mg.", 1)[1].split("(", 1)[0]
+        assert called in grade.BLOCKED[name], (name, called)
+        if check is not None:  # nothing blocked here: the one call is a full answer
+            report = getattr(A, check)(eval(source, {"mg": mg, "jax": jax, "jnp": jnp}), time_limit=300)
+            assert report.passed, (name, report.message)
+    # in a fresh process, as in the sandbox: block, then call each answer on placeholder arguments
+    code = (
+        "import jax, jax.numpy as jnp, json, sys\n"
+        "import minigeo as mg\n"
+        "from minigeo.assignments import _sandbox\n"
+        "answers, blocked = json.loads(sys.argv[1]), json.loads(sys.argv[2])\n"
+        "out = {}\n"
+        "for name, (_, source) in answers.items():\n"
+        "    _sandbox.block(blocked[name])\n"
+        "    fn = eval(source)\n"
+        "    n = fn.__code__.co_argcount\n"
+        "    try:\n"
+        "        fn(*[jnp.eye(2)] * n)\n"
+        "        out[name] = 'no error'\n"
+        "    except Exception as err:\n"
+        "        out[name] = f'{type(err).__name__}: {err}'\n"
+        "print(json.dumps(out))\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code, json.dumps(LIBRARY_ANSWERS), json.dumps(grade.BLOCKED)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"),
+    )
+    assert run.returncode == 0, run.stderr
+    seen = json.loads(run.stdout.strip().splitlines()[-1])
+    for name, message in seen.items():
+        assert message.startswith("RuntimeError: mg.") and "computes this task's answer" in message, (name, message)
