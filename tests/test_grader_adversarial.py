@@ -119,7 +119,9 @@ def _snoop(solutions: Path) -> str:
     )
 
 
-def _sabotage(victim: Path) -> str:
+def _sabotage(victim: Path, root: Path, isolated: bool) -> str:
+    # with namespaces, also every notebook in /tmp (a parallel sandbox's copy, were it visible)
+    tmp = "*pathlib.Path('/tmp').glob('*/*/*.ipynb')" if isolated else ""
     return (
         "import pathlib\n"
         f"victim = pathlib.Path({str(victim)!r})\n"
@@ -127,7 +129,7 @@ def _sabotage(victim: Path) -> str:
         "    victim.write_text('{\"cells\": [], \"raise\": 1}')\n"
         "except OSError as err:\n"
         "    print('could not write:', err)\n"
-        "for nb in pathlib.Path('/tmp').glob('**/*.ipynb'):  # a parallel sandbox's copy, say\n"
+        f"for nb in [*pathlib.Path({str(root)!r}).glob('**/*.ipynb'), {tmp}]:\n"
         "    if nb.parent != pathlib.Path.cwd():\n"
         "        try:\n"
         "            nb.write_text('sabotaged')\n"
@@ -165,22 +167,24 @@ def _alive(token: str) -> list[int]:
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the isolation uses Linux namespaces")
 def test_cheating_submissions_score_zero_and_honest_ones_full_marks(tmp_path):
-    if not _namespaces():
-        pytest.skip("unshare cannot create namespaces on this machine: the grader cannot hide the solutions")
+    # without namespaces the sandbox can read the solutions and write into other folders: the snoop
+    # then succeeds and the victim's file is overwritten (it is still graded as it was submitted)
+    isolated = _namespaces()
     token = f"{time.time() % 1000:.6f}"  # a unique argument to find the runaway processes by
     kinds = {
         "honest": nbformat.read(SOLUTION, as_version=4),
         "forged_print": _with_cells(STUDENT, FORGED_PRINT),
         "patched_checker": _with_cells(STUDENT, PATCHED_CHECKER, at=3),
         "library_call": _with_cells(SOLUTION, LIBRARY_CALL, at=len(nbformat.read(SOLUTION, 4).cells) - 2),
-        "snoop": _with_cells(STUDENT, _snoop(KIT / "solutions")),
+        "snoop": _with_cells(STUDENT, _snoop(KIT / "solutions")) if isolated else None,
         "sabotage": None,  # below: it names the victim's path
         "runaway": _with_cells(SOLUTION, _runaway(token)),
         "slow_cells": _with_cells(SOLUTION, *["import time\ntime.sleep(15)"] * 5),
     }
     paths = {kind: tmp_path / kind / f"{NAME}.ipynb" for kind in kinds}
     victim = tmp_path / "victim" / f"{NAME}.ipynb"
-    kinds["sabotage"] = _with_cells(SOLUTION, _sabotage(victim), at=3)
+    kinds["sabotage"] = _with_cells(SOLUTION, _sabotage(victim, tmp_path, isolated), at=3)
+    kinds = {kind: nb for kind, nb in kinds.items() if nb is not None}
     order = ["sabotage", *[k for k in kinds if k != "sabotage"]]
     paths["victim"] = victim
     kinds["victim"] = nbformat.read(SOLUTION, as_version=4)
@@ -210,8 +214,9 @@ def test_cheating_submissions_score_zero_and_honest_ones_full_marks(tmp_path):
     full = "3 of 3 checks passed"
     for kind in ["honest", "victim", "runaway", "sabotage"]:
         assert line[kind] == full, report  # the victim is graded as submitted
-    assert victim.read_bytes() == victim_bytes, "a submission wrote into another one's file"
-    for kind in ["forged_print", "patched_checker", "snoop"]:
+    if isolated:
+        assert victim.read_bytes() == victim_bytes, "a submission wrote into another one's file"
+    for kind in ["forged_print", "patched_checker", "snoop"][: 3 if isolated else 2]:
         assert line[kind] == "0 of 3 checks passed", report
         assert all("not implemented yet" in hint for _, hint in rows[kind].values()), report
     assert line["library_call"] == "2 of 3 checks passed", report
