@@ -104,6 +104,15 @@ CASES = {
         _sylvester_projection,
         [(_euclidean_projection, "not in the Euclidean"), (lambda G, H, xi: xi, "vertical")],
     ),
+    # issue 54: a derivation the chapter does not print (it uses full-rank pairs only)
+    "check_vertical_dimension": (
+        lambda h, r, s: h * h - (h - r) * (h - s),
+        [
+            (lambda h, r, s: h * h, "dimension of GL(h)"),  # transcribed from the full-rank case
+            (lambda h, r, s: r * s, "rank G x rank H"),
+            (lambda h, r, s: h * h - (h - r) - (h - s), "not a sum of the two kernels"),
+        ],
+    ),
 }
 
 # Each further assignment keeps its cases in tests/assignment_cases_<name>.py, a module with a dict
@@ -545,7 +554,7 @@ def test_grader_limits_cpu_file_size_and_output_and_ends_every_process(tmp_path)
     )
     lines = run.stdout.strip().splitlines()
     assert run.returncode == 1 and len(lines) == 4, run.stdout + run.stderr
-    assert lines[0].endswith("spawn.ipynb: 0 of 3 checks passed"), lines  # graded; it defines nothing
+    assert lines[0].endswith("spawn.ipynb: 0 of 4 checks passed"), lines  # graded; it defines nothing
     assert lines[1].endswith("spin.ipynb: stopped: used more than 25 s of CPU time (--cpu-time)"), lines
     assert "bigfile.ipynb: stopped: wrote a file larger than 1 MB (--file-size)" in lines[2], lines
     assert lines[3].endswith("flood.ipynb: stopped: printed more than 1 MB (--max-output)"), lines

@@ -34,7 +34,8 @@ KIT = ROOT / "assignments"
 NAME = "assignment_06_horizontal_projection"
 SOLUTION = KIT / "solutions" / f"{NAME}.ipynb"
 STUDENT = KIT / f"{NAME}.ipynb"
-TASKS = ["vertical_vector", "quotient metric (15)", "horizontal_projection"]
+TASKS = ["vertical_vector", "quotient metric (15)", "horizontal_projection", "vertical_dimension"]
+N = len(TASKS)
 
 
 def _with_cells(base: Path, *sources: str, at: int | None = None) -> nbformat.NotebookNode:
@@ -211,15 +212,15 @@ def test_cheating_submissions_score_zero_and_honest_ones_full_marks(tmp_path):
     line = {kind: lines[str(paths[kind])] for kind in order}
     report = json.dumps({"elapsed_s": round(elapsed, 1), "lines": line, "rows": rows}, indent=1)
     print(report)
-    full = "3 of 3 checks passed"
+    full = f"{N} of {N} checks passed"
     for kind in ["honest", "victim", "runaway", "sabotage"]:
         assert line[kind] == full, report  # the victim is graded as submitted
     if isolated:
         assert victim.read_bytes() == victim_bytes, "a submission wrote into another one's file"
     for kind in ["forged_print", "patched_checker", "snoop"][: 3 if isolated else 2]:
-        assert line[kind] == "0 of 3 checks passed", report
+        assert line[kind] == f"0 of {N} checks passed", report
         assert all("not implemented yet" in hint for _, hint in rows[kind].values()), report
-    assert line["library_call"] == "2 of 3 checks passed", report
+    assert line["library_call"] == f"{N - 1} of {N} checks passed", report
     points, hint = rows["library_call"]["horizontal_projection"]
     assert points == 0 and "mg.horizontal_projection computes this task's answer" in hint, report
     assert line["slow_cells"] == "timed out: the notebook ran longer than 60 s (--wall-time)", report
@@ -278,7 +279,7 @@ def test_sandbox_has_no_network_no_grader_processes_and_a_small_environment(tmp_
         text=True,
         timeout=280,
     )
-    assert run.stdout.startswith(f"{path}: 3 of 3 checks passed"), run.stdout + run.stderr
+    assert run.stdout.startswith(f"{path}: {N} of {N} checks passed"), run.stdout + run.stderr
 
 
 # Issue 54: per assignment, a submission that answers a task with the library's own function fails
