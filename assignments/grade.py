@@ -225,7 +225,12 @@ def load_assignments(solutions: Path) -> dict[str, Assignment]:
         if len(calls) != len(tasks):  # the score cell must name one (check, function) per task
             calls = []
         found[path.stem] = Assignment(
-            path.stem, tasks, set(CHECK_CALL.findall(code)), chapter.group(1) if chapter else None, calls, path
+            path.stem,
+            tasks,
+            set(CHECK_CALL.findall(code)),
+            chapter.group(1) if chapter else None,
+            calls,
+            path,
         )
     return found
 
@@ -273,7 +278,11 @@ BLOCKED = {
         "natural_gradient",
     ],
     "assignment_03_natural_gradient": ["natural_parameter_gradient", "span_projection"],
-    "assignment_04_hessian_endomorphism": ["hessian_endomorphism", "endomorphism_trace", "riemannian_hessian"],
+    "assignment_04_hessian_endomorphism": [
+        "hessian_endomorphism",
+        "endomorphism_trace",
+        "riemannian_hessian",
+    ],
     "assignment_05_laplace_evidence": [
         "transform_log_density",
         "log_density_wrt_volume",
@@ -312,7 +321,8 @@ if stage == "outer":
         fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", tmp], check=True)
         os.makedirs(scratch)
-        subprocess.run(["mount", "--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", scratch], check=True, pass_fds=(fd,))
+        bind = ["mount", "--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", scratch]
+        subprocess.run(bind, check=True, pass_fds=(fd,))
         os.close(fd)
     uid, gid = cfg["uid"], cfg["gid"]
     os.execvp("unshare", ["unshare", "--user", "--mount", f"--map-user={uid}", f"--map-group={gid}",
@@ -347,7 +357,8 @@ def namespaces_available() -> bool:
         import subprocess
 
         cmd = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--mount-proc"]
-        inner = ["unshare", "--user", "--mount", f"--map-user={_inner_uid()}", f"--map-group={_inner_gid()}", "true"]
+        inner = ["unshare", "--user", "--mount", f"--map-user={_inner_uid()}", f"--map-group={_inner_gid()}"]
+        inner.append("true")
         try:
             run = subprocess.run(
                 [*cmd, "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"', tempfile.gettempdir(), *inner],
@@ -401,7 +412,8 @@ def _sandbox_environment(scratch: Path) -> dict[str, str]:
 
 def _folders_to_hide(paths: list[Path], solutions: Path) -> list[Path]:
     """The solutions, the grader's own folder and every submission's folder."""
-    folders = sorted({solutions.resolve(), HERE, *(p.resolve().parent for p in paths)}, key=lambda p: len(p.parts))
+    folders = {solutions.resolve(), HERE, *(p.resolve().parent for p in paths)}
+    folders = sorted(folders, key=lambda p: len(p.parts))
     return [p for i, p in enumerate(folders) if not any(q in p.parents for q in folders[:i])]
 
 
@@ -462,7 +474,9 @@ class _Sandbox:
         out_r, out_w = os.pipe()
         sandbox_config = self.scratch / "sandbox.json"
         sandbox_config.write_text(
-            json.dumps({"fd_in": req_r, "fd_out": resp_w, "notebook": str(work / filename), "blocked": blocked})
+            json.dumps(
+                {"fd_in": req_r, "fd_out": resp_w, "notebook": str(work / filename), "blocked": blocked}
+            )
         )
         self.namespaced = isolation.namespaces and namespaces_available()
         config = {
@@ -480,7 +494,8 @@ class _Sandbox:
         wrapper_config.write_text(json.dumps(config))
         cmd = [sys.executable, "-c", _WRAPPER, "outer" if self.namespaced else "inner", str(wrapper_config)]
         if self.namespaced:
-            cmd = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--mount-proc"] + cmd
+            cmd = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork"]
+            cmd += ["--mount-proc", sys.executable, "-c", _WRAPPER, "outer", str(wrapper_config)]
         env = _sandbox_environment(self.scratch)
         env["MINIGEO_SANDBOX"] = self.token  # to find its processes afterwards when there is no PID namespace
         try:
@@ -557,7 +572,11 @@ class _Sandbox:
         tail = self.output.decode(errors="replace")
         if "MemoryError" in tail or "RESOURCE_EXHAUSTED" in tail or "bad_alloc" in tail:
             return f"stopped: out of memory, over the limit of {self.limits.memory_gb:g} GB (--memory)"
-        sig = code - 128 if code is not None and code > 128 else (-code if code is not None and code < 0 else None)
+        sig = None
+        if code is not None and code > 128:  # the first process's exit code: 128 + the sandbox's signal
+            sig = code - 128
+        elif code is not None and code < 0:
+            sig = -code
         if sig == signal.SIGXCPU:
             return f"stopped: used more than {self.limits.cpu_seconds()} s of CPU time (--cpu-time)"
         if sig == signal.SIGXFSZ:
@@ -579,7 +598,8 @@ class _Sandbox:
                 return None
             now = time.monotonic()
             if now >= self.deadline:
-                self.kill(f"timed out: the notebook ran longer than {self.limits.wall_time:g} s (--wall-time)")
+                wall = self.limits.wall_time
+                self.kill(f"timed out: the notebook ran longer than {wall:g} s (--wall-time)")
                 return None
             if cell_timeout is not None and now - last >= cell_timeout:
                 self.kill(f"timed out: a cell ran longer than {self.timeout} s (an infinite loop?)")
@@ -741,7 +761,8 @@ def grade(
         reason = box.run_notebook()
         if reason:
             return _ungradable(result, reason, tasks)
-        seed = int(os.environ.get("MINIGEO_GRADE_SEED", secrets.randbelow(2**31)))  # set it to reproduce a run
+        # MINIGEO_GRADE_SEED reproduces a run (the instances are then no longer secret)
+        seed = int(os.environ.get("MINIGEO_GRADE_SEED", secrets.randbelow(2**31)))
         _CALL_LIMIT[0] = float(timeout)
         with contextlib.redirect_stdout(io.StringIO()):
             for task, (check, fn) in zip(tasks, assignment.calls):

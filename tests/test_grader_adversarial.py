@@ -300,7 +300,10 @@ LIBRARY_ANSWERS = {
         "check_span_projection",
         "lambda J, g: jax.vmap(lambda e: mg.span_projection(J, g, e), out_axes=1)(jnp.eye(J.shape[0]))",
     ),
-    "assignment_04_hessian_endomorphism": ("check_invariant_trace", "lambda H, G: mg.endomorphism_trace(H, G)"),
+    "assignment_04_hessian_endomorphism": (
+        "check_invariant_trace",
+        "lambda H, G: mg.endomorphism_trace(H, G)",
+    ),
     "assignment_05_laplace_evidence": (
         None,  # the change-of-variables check takes about a minute
         "lambda log_q, phi, psi: mg.transform_log_density(log_q, phi)(psi)",
@@ -367,4 +370,5 @@ def test_a_library_call_answers_a_task_of_every_assignment_and_the_grader_blocks
     assert run.returncode == 0, run.stderr
     seen = json.loads(run.stdout.strip().splitlines()[-1])
     for name, message in seen.items():
-        assert message.startswith("RuntimeError: mg.") and "computes this task's answer" in message, (name, message)
+        assert message.startswith("RuntimeError: mg."), (name, message)
+        assert "computes this task's answer" in message, (name, message)

@@ -226,7 +226,7 @@ def check_vertical_dimension(
     *,
     time_limit: float | None = None,
 ) -> CheckReport:
-    r"""Check ``fn(h, rank_G, rank_H)`` = the dimension of the vertical space at a pair ``(G, H)`` of those ranks.
+    r"""Check ``fn(h, rank_G, rank_H)`` = the vertical space's dimension at a pair ``(G, H)`` of those ranks.
 
     A derivation the chapter leaves out: at a pair with full column rank the vertical space has
     dimension :math:`h^2`; when both :math:`G` and :math:`H` are rank-deficient, some
