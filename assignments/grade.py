@@ -1,47 +1,64 @@
 #!/usr/bin/env python
-"""Grade submitted assignment notebooks: execute each one and read every check's PASS or FAIL line.
+"""Grade submitted assignment notebooks: run each one in a sandbox, then check its functions here.
 
 Usage:  python assignments/grade.py SUBMISSION... [--csv grades.csv] [--jobs 2] [--timeout 300]
                                     [--wall-time 600] [--memory 6] [--cpu-time S] [--file-size 64]
                                     [--max-output 16] [--student auto|file|folder] [--summary]
-                                    [--solutions DIR]
+                                    [--solutions DIR] [--no-namespaces]
 
-A SUBMISSION is a notebook or a folder (searched recursively for ``*.ipynb``).  Each notebook is
-executed in a fresh kernel, ``--jobs`` of them at a time; nothing is written back.  Prints one line
-per notebook, in the order given, ``<file>: <passed> of <total> checks passed`` (or the reason it
-could not be graded), and exits with status 0 when every notebook ran.  A notebook that cannot be
-graded (a cell raises, a cell runs longer than ``--timeout`` seconds, the kernel dies, the file is
-not a notebook, the score cell is gone, a limit below is exceeded) gets a one-line reason and the
-grader goes on with the next one.
+A SUBMISSION is a notebook or a folder (searched recursively for ``*.ipynb``).  Every submission is
+read before the first one runs; ``--jobs`` of them are graded at a time; nothing is written back.
+Prints one line per notebook, in the order given, ``<file>: <passed> of <total> checks passed`` (or
+the reason it could not be graded), and exits with status 0 when every notebook ran.  A notebook
+that cannot be graded (a cell raises, a cell runs longer than ``--timeout`` seconds, the process dies,
+the file is not a notebook, its assignment cannot be identified, a limit below is exceeded) gets a
+one-line reason and the grader goes on with the next one.
 
-**Limits and isolation.**  Each submission runs in a fresh temporary folder (in the system's
-temporary directory, never inside the course folder) that holds only a copy of it; the kernel starts
-there, with a fresh empty ``HOME`` of its own (nothing a submission leaves in ``~``, such as an
-IPython startup file, reaches a later one), and both are deleted afterwards.  The kernel is started
-through a small wrapper that sets resource limits before it becomes the kernel, so they hold for the
-kernel and for every process it starts: ``--memory`` GB of address space (``RLIMIT_AS``: an
-allocation beyond it fails with a ``MemoryError``; a JAX kernel reserves about 2 GB of address space
-before it computes anything, and the assignments' solutions peak at 2.0-2.5 GB on two cores),
-``--cpu-time`` seconds of CPU time per process (``RLIMIT_CPU``), files of at most ``--file-size`` MB
-(``RLIMIT_FSIZE``), and no core dumps.  The whole notebook, kernel start included, may run
-``--wall-time`` seconds, each cell ``--timeout`` seconds, and it may print ``--max-output`` MB
-(outputs are held in the grader's memory); past any of them the kernel's process group is killed and
-the notebook scores 0 with the limit as its reason.  The process group is killed at the end of every
-notebook in any case.  These limits stop runaway submissions; they are no sandbox: the kernel runs
-as you, can read whatever you can (the repository and its ``solutions/``, through minigeo's install
-path for one) and can reach the network.  ``book/lecturers.md`` ("Running the grader safely") gives
-a container command that keeps the network and the rest of your machine out of its reach.
+**How a score is made.**  Nothing the notebook prints counts.  The notebook runs in a sandbox
+process (``minigeo.assignments._sandbox``): first the library functions that answer one of the
+assignment's tasks in one call (``BLOCKED`` below, e.g. ``mg.horizontal_projection`` for assignment 6)
+are replaced, everywhere in minigeo, by functions that raise, and every ``assignments.check_*`` by a
+stub that checks nothing; then its code cells run in order.  The grader then runs each task's check
+in its own process, on instances drawn from a fresh secret seed, with a stand-in for the student's
+function that sends the arguments to the sandbox and gets the return value back as plain arrays
+(never a pickle); references, comparisons and hints are all computed here.  The task list and the
+function each check takes come from the solution's score cell (``assignments.check_X(function)``).
+So a printed "3 of 3 checks passed", a patched ``check_*`` or a copied table of answers scores
+nothing, and a call of a blocked function fails its task with a message saying why.  A submission
+that deliberately restores a blocked function (re-importing the module, copying the library's
+source) is not stopped by this: that is copying, as from a book.
+
+**Limits and isolation.**  Each submission runs in a fresh temporary folder holding only a copy of
+it, with a fresh empty ``HOME``, a copy of minigeo and a small environment that names none of the
+grader's folders; all is deleted afterwards.  Where ``unshare`` can create Linux namespaces without
+root (most Linux machines; tried once per run, ``--no-namespaces`` turns it off) the sandbox also
+gets: no network (a network namespace with no interface up); its own process list (a PID namespace:
+it cannot see the grader's command line or folder, and every process it starts, detached or not,
+dies with it); the solutions folder, the grader's folder and every submission's folder hidden under
+empty file systems; the course folder and your home folder read-only; and an empty ``/tmp`` holding
+only its own folder (a parallel submission's folder is out of reach).  It runs as an ordinary user in
+a second user namespace, so it cannot undo these mounts.  Without namespaces (macOS, Windows, some
+containers) the grader says so on stderr, and the sandbox can read and write what you can and reach
+the network: use the container command of ``book/lecturers.md`` ("Running the grader safely").
+Resource limits hold in both cases, for the sandbox and every process it starts: ``--memory`` GB of
+address space (``RLIMIT_AS``: an allocation beyond it fails with a ``MemoryError``; a JAX process
+reserves about 2 GB of address space before it computes anything, and the assignments' solutions
+peak at 2.0-2.5 GB on two cores), ``--cpu-time`` seconds of CPU time per process (``RLIMIT_CPU``),
+files of at most ``--file-size`` MB (``RLIMIT_FSIZE``), and no core dumps.  The whole submission,
+start and checks included, may run ``--wall-time`` seconds, each cell ``--timeout`` seconds (and
+each check as long), and it may print ``--max-output`` MB; past any of them the sandbox is killed and
+the notebook scores 0 with the limit as its reason.  At the end its process group is killed, and
+without a PID namespace also every process that carries its marker in its environment.
 
 **Which assignment.**  Any notebook in ``--solutions`` (default ``assignments/solutions/``) is an
-assignment; its saved score cell lists the assignment's tasks.  A submission is matched to one by,
-in this order: the notebook metadata field ``minigeo_assignment`` (``make_student.py`` stamps it);
-the ``check_*`` functions its code calls (each belongs to one assignment); its title cell
-(``# Assignment 4: ...``); its file name.
+assignment; its saved score cell lists the assignment's tasks and the function each one checks.  A
+submission is matched to one by, in this order: the notebook metadata field ``minigeo_assignment``
+(``make_student.py`` stamps it); the ``check_*`` functions its code calls (each belongs to one
+assignment); its title cell (``# Assignment 4: ...``); its file name.
 
-**Per task.**  The score is read from the score cell (the last cell that prints ``k of n checks
-passed``): each of its lines ``PASS <task>: ...`` or ``FAIL <task>: <hint>`` gives that task 1 or 0
-points.  A task of the assignment without a line there gets 0 points; the notebook's score line is
-then ignored and the one-line result counts the tasks.
+**Per task.**  A task gets 1 point when its check passes on the submission's function of the name
+the assignment gives it, else 0 with the check's hint.  A function the notebook does not define
+fails with a hint saying so.
 
 **The CSV** (``--csv``) has one row per submission and task: ``student, assignment, task, points,
 hint`` (the FAIL message without the task's name; empty for a PASS).  An ungradable notebook gets a
@@ -57,12 +74,16 @@ submissions, the share that passed, and the most common hints (numbers replaced 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import csv
+import io
+import json
+import multiprocessing
 import os
 import re
+import secrets
 import shutil
 import signal
-import site
 import sys
 import tempfile
 import textwrap
@@ -73,12 +94,17 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+import cloudpickle
 import nbformat
-from jupyter_client.manager import AsyncKernelManager
-from nbclient import NotebookClient
-from nbclient.exceptions import CellExecutionError, CellTimeoutError, DeadKernelError
+import numpy as np
 
 HERE = Path(__file__).resolve().parent
+if (HERE.parent / "minigeo" / "__init__.py").is_file() and str(HERE.parent) not in sys.path:
+    sys.path.insert(0, str(HERE.parent))  # the course's own minigeo, the one its solutions were written for
+
+from minigeo.assignments import _sandbox  # noqa: E402  (the frames and the value encoding)
+
+CHECK_CALL_WITH_FUNCTION = re.compile(r"\bassignments\.(check_\w+)\(\s*(\w+)\s*[,)]")
 SCORE = re.compile(r"(\d+) of (\d+) checks passed")
 VERDICT = re.compile(r"^(PASS|FAIL) (.*)$")
 CHECK_CALL = re.compile(r"\b(check_\w+)\s*\(")
@@ -96,6 +122,8 @@ class Assignment:
     tasks: list[str]  # in the order of its score cell
     checks: set[str]  # the check_* functions it calls
     chapter: str | None  # "4" from "# Assignment 4: ..."
+    calls: list[tuple[str, str]] = field(default_factory=list)  # per task: (check, the function it checks)
+    source: Path | None = None  # the solution notebook
 
 
 @dataclass(frozen=True)
@@ -190,8 +218,19 @@ def load_assignments(solutions: Path) -> dict[str, Assignment]:
         code = "\n".join(c.source for c in nb.cells if c.cell_type == "code")
         title = "\n".join(c.source for c in nb.cells[:3] if c.cell_type == "markdown")
         chapter = TITLE.search(title)
+        score_cell = next(
+            (c.source for c in reversed(nb.cells) if c.cell_type == "code" and SCORE.search(_stdout(c))), ""
+        )
+        calls = CHECK_CALL_WITH_FUNCTION.findall(score_cell)
+        if len(calls) != len(tasks):  # the score cell must name one (check, function) per task
+            calls = []
         found[path.stem] = Assignment(
-            path.stem, tasks, set(CHECK_CALL.findall(code)), chapter.group(1) if chapter else None
+            path.stem,
+            tasks,
+            set(CHECK_CALL.findall(code)),
+            chapter.group(1) if chapter else None,
+            calls,
+            path,
         )
     return found
 
@@ -219,142 +258,130 @@ def identify(nb, path: Path, assignments: dict[str, Assignment]) -> str:
 
 # --------------------------------------------------------------------------- grading
 
+#: The library's answer to a task, per assignment (public names of ``minigeo``): blocked in the
+#: sandbox (replaced, everywhere in minigeo, by a function that raises) from before the notebook's
+#: first cell until the end, so a submission that calls one fails that task with a message saying so.
+BLOCKED = {
+    "assignment_01_transformation_rules": [
+        "transform_vector",
+        "transform_covector",
+        "precondition_by_metric",
+        "natural_gradient",
+    ],
+    "assignment_02_pullback_metrics": [
+        "ggn",
+        "fisher",
+        "empirical_fisher",
+        "ggn_operator",
+        "fisher_operator",
+        "empirical_fisher_operator",
+        "natural_gradient",
+    ],
+    "assignment_03_natural_gradient": ["natural_parameter_gradient", "span_projection"],
+    "assignment_04_hessian_endomorphism": [
+        "hessian_endomorphism",
+        "endomorphism_trace",
+        "riemannian_hessian",
+    ],
+    "assignment_05_laplace_evidence": [
+        "transform_log_density",
+        "log_density_wrt_volume",
+        "laplace_log_marginal_likelihood",
+        "laplace_posterior",
+    ],
+    "assignment_06_horizontal_projection": [
+        "horizontal_projection",
+        "gl_metric",
+        "vertical_vector",
+        "gl1_horizontal_projection",
+    ],
+    "assignment_07_capstone": ["kendall_tau", "kendall_tau_ci", "kendall_tau_difference_ci"],
+}
 
-# The kernel's command runs through this wrapper: it sets the resource limits (NAME=value arguments
-# for RLIMIT_<NAME>), then replaces itself by the kernel (the same process: the limits, the process id
-# and the process group are the kernel's).  The CPU limit's hard value is 5 s above the soft one
-# (SIGXCPU, then SIGKILL).  No limit is set above the hard limit already in force.
-_RLIMIT_WRAPPER = """
-import os, resource, sys
-args = sys.argv[1:]
-split = args.index("--")
-for item in args[:split]:
-    name, value = item.split("=")
-    limit = getattr(resource, "RLIMIT_" + name)
-    _, hard_now = resource.getrlimit(limit)
-    soft, hard = int(value), int(value) + (5 if name == "CPU" else 0)
-    if hard_now != resource.RLIM_INFINITY:
-        soft, hard = min(soft, hard_now), min(hard, hard_now)
-    resource.setrlimit(limit, (soft, hard))
-os.execvp(args[split + 1], args[split + 1 :])
+# The sandbox's first process.  Stage "outer" (inside ``unshare --user --map-root-user --mount --net
+# --pid --fork --mount-proc``): bind the folders in "readonly" read-only and hide those in "hide"
+# under empty in-memory file systems, then re-enter a second user namespace as an ordinary user (the
+# mounts are then locked: the submission cannot undo them).  Stage "inner": stay as a small first
+# process that waits for the sandbox and exits with its status (128 + signal when killed by one); its
+# child sets the resource limits and becomes ``python -m minigeo.assignments._sandbox``.  In a PID
+# namespace every process the submission starts dies with this first process.
+_WRAPPER = r"""
+import json, os, resource, subprocess, sys
+stage, cfg_path = sys.argv[1], sys.argv[2]
+with open(cfg_path) as f:
+    cfg = json.load(f)
+if stage == "outer":
+    for path in cfg["readonly"]:
+        subprocess.run(["mount", "--bind", path, path], check=True)
+        subprocess.run(["mount", "-o", "remount,bind,ro", path], check=True)
+    for path in cfg["hide"]:
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=555", "tmpfs", path], check=True)
+    if cfg["private_tmp"]:  # an empty temporary folder, with only this sandbox's scratch folder in it
+        tmp, scratch = cfg["private_tmp"], cfg["scratch"]
+        fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", tmp], check=True)
+        os.makedirs(scratch)
+        bind = ["mount", "--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", scratch]
+        subprocess.run(bind, check=True, pass_fds=(fd,))
+        os.close(fd)
+    uid, gid = cfg["uid"], cfg["gid"]
+    os.execvp("unshare", ["unshare", "--user", "--mount", f"--map-user={uid}", f"--map-group={gid}",
+                          sys.executable, "-c", cfg["wrapper"], "inner", cfg_path])
+pid = os.fork()
+if pid == 0:
+    for name, value in cfg["rlimits"].items():
+        limit = getattr(resource, "RLIMIT_" + name)
+        _, hard_now = resource.getrlimit(limit)
+        soft, hard = int(value), int(value) + (5 if name == "CPU" else 0)
+        if hard_now != resource.RLIM_INFINITY:
+            soft, hard = min(soft, hard_now), min(hard, hard_now)
+        resource.setrlimit(limit, (soft, hard))
+    os.execv(sys.executable, [sys.executable, "-m", "minigeo.assignments._sandbox", cfg["sandbox_config"]])
+while True:
+    try:
+        _, status = os.waitpid(pid, 0)
+        break
+    except ChildProcessError:
+        status = 0
+        break
+os._exit(128 + os.WTERMSIG(status) if os.WIFSIGNALED(status) else os.WEXITSTATUS(status))
 """
 
-
-class _LimitedKernelManager(AsyncKernelManager):
-    """A kernel manager whose kernel starts under the resource limits ``rlimits`` (the wrapper above)."""
-
-    rlimits: dict[str, int] = {}
-
-    def format_kernel_cmd(self, extra_arguments=None):
-        cmd = super().format_kernel_cmd(extra_arguments)
-        limits = [f"{name}={value}" for name, value in self.rlimits.items()]
-        return [sys.executable, "-c", _RLIMIT_WRAPPER, *limits, "--", *cmd]
+_NAMESPACES: bool | None = None
 
 
-def _peak_address_space(pid: int) -> int:
-    """The kernel's largest address space so far (``VmPeak``, Linux), in bytes; 0 if unknown."""
-    try:
-        with open(f"/proc/{pid}/status") as f:
-            for line in f:
-                if line.startswith("VmPeak:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return 0
+def namespaces_available() -> bool:
+    """Whether ``unshare`` can make the sandbox's namespaces here without root (tried once)."""
+    global _NAMESPACES
+    if _NAMESPACES is None:
+        import subprocess
 
-
-class _LimitedClient(NotebookClient):
-    """nbclient's client under ``Limits``: a kernel started by ``_LimitedKernelManager``, a watchdog
-    thread that kills the kernel's process group at the whole notebook's deadline and records the
-    kernel's peak address space, a cap on the printed output, and a kill of the process group at
-    the end (``close``)."""
-
-    def __init__(self, nb, limits: Limits, deadline: float, **kw):
-        super().__init__(nb, **kw)
-        self.limits, self.deadline = limits, deadline
-        self.stopped: str | None = None  # why we killed the kernel, if we did
-        self.kernel_pgid: int | None = None
-        self.kernel_process = None
-        self.output_bytes = 0
-        self.peak_bytes = 0  # the kernel's peak address space, as the watchdog saw it
-        self.done = threading.Event()
-        self.watchdog: threading.Thread | None = None
-
-    def create_kernel_manager(self):
-        manager = type("LimitedKernelManager", (_LimitedKernelManager,), {"rlimits": self.limits.rlimits()})
-        self.km = manager(kernel_name=self.kernel_name, config=self.config)
-        return self.km
-
-    async def async_start_new_kernel(self, **kwargs):
+        cmd = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork", "--mount-proc"]
+        inner = ["unshare", "--user", "--mount", f"--map-user={_inner_uid()}", f"--map-group={_inner_gid()}"]
+        inner.append("true")
         try:
-            await super().async_start_new_kernel(**kwargs)
-        finally:  # also when the start failed: a kernel that was launched is killed by ``close``
-            provisioner = getattr(self.km, "provisioner", None)
-            self.kernel_process = getattr(provisioner, "process", None)
-            # the kernel leads a new session (jupyter_client starts it so): its process group is its pid
-            self.kernel_pgid = getattr(provisioner, "pgid", None) or getattr(provisioner, "pid", None)
-        self.watchdog = threading.Thread(target=self.watch, daemon=True)
-        self.watchdog.start()
-
-    def watch(self) -> None:
-        """Until ``close``: the kernel's peak address space, four times a second, and the deadline."""
-        process = self.kernel_process
-        while not self.done.wait(min(0.25, max(0.0, self.deadline - time.monotonic()))):
-            if process is not None and process.returncode is None:  # not reaped: the pid is the kernel's
-                self.peak_bytes = max(self.peak_bytes, _peak_address_space(process.pid))
-            if time.monotonic() >= self.deadline:
-                wall = self.limits.wall_time
-                self.kill(f"timed out: the notebook ran longer than {wall:g} s (--wall-time)")
-                return
-
-    def out_of_memory(self) -> bool:
-        """Whether the kernel's address space came within 5 % of the limit (a failure then is the limit's)."""
-        return self.peak_bytes >= 0.95 * self.limits.rlimits()["AS"]
-
-    def output(self, outs, msg, display_id, cell_index):
-        content = msg.get("content", {})
-        self.output_bytes += len(str(content.get("text", ""))) + len(str(content.get("data", "")))
-        if self.output_bytes > self.limits.max_output_mb * 2**20:
-            self.kill(f"stopped: printed more than {self.limits.max_output_mb:g} MB (--max-output)")
-            return None
-        return super().output(outs, msg, display_id, cell_index)
-
-    def kill(self, reason: str | None = None) -> None:
-        """SIGKILL to the kernel's process group: the kernel and what it started in its group."""
-        if reason and self.stopped is None:
-            self.stopped = reason
-        if self.kernel_pgid:
-            try:
-                os.killpg(self.kernel_pgid, signal.SIGKILL)
-            except (ProcessLookupError, PermissionError):
-                pass
-
-    def close(self) -> None:
-        self.done.set()
-        self.kill()
-
-    def death_reason(self) -> str | None:
-        """Why the kernel died, when its exit signal names a limit."""
-        code = self.kernel_process.poll() if self.kernel_process is not None else None
-        if code is None or code >= 0:
-            return None
-        if -code == signal.SIGXCPU:
-            return f"stopped: used more than {self.limits.cpu_seconds()} s of CPU time (--cpu-time)"
-        if -code == signal.SIGXFSZ:
-            return f"stopped: wrote a file larger than {self.limits.file_size_mb:g} MB (--file-size)"
-        if -code == signal.SIGKILL:
-            return "the kernel was killed (SIGKILL: the hard CPU-time limit, or the machine is out of memory)"
-        try:
-            return f"the kernel died ({signal.Signals(-code).name})"
-        except ValueError:
-            return None
+            run = subprocess.run(
+                [*cmd, "sh", "-c", 'mount -t tmpfs tmpfs "$0" && exec "$@"', tempfile.gettempdir(), *inner],
+                capture_output=True,
+                timeout=30,
+            )
+            _NAMESPACES = run.returncode == 0
+        except (OSError, subprocess.SubprocessError):
+            _NAMESPACES = False
+    return _NAMESPACES
 
 
-def _error_reason(err: CellExecutionError, limits: Limits) -> str:
+def _inner_uid() -> int:
+    return os.getuid() or 1000  # never root inside: an ordinary user, who cannot undo the mounts
+
+
+def _inner_gid() -> int:
+    return os.getgid() or 1000
+
+
+def _error_reason(ename: str, evalue: str, limits: Limits) -> str:
     """The one-line reason for a cell that raised; a limit's name when the error comes from one."""
-    lines = re.sub(r"\x1b\[[0-9;]*m", "", str(err)).strip().splitlines()  # drop terminal colours
-    last = lines[-1] if lines else type(err).__name__
-    ename, evalue = getattr(err, "ename", "") or "", getattr(err, "evalue", "") or ""
+    last = f"{ename}: {evalue}" if evalue else ename
     if "MemoryError" in ename or "RESOURCE_EXHAUSTED" in evalue:
         return f"stopped: out of memory, over the limit of {limits.memory_gb:g} GB (--memory): {last}"
     if ename == "OSError" and "[Errno 27]" in evalue:  # EFBIG: Python ignores SIGXFSZ
@@ -362,58 +389,333 @@ def _error_reason(err: CellExecutionError, limits: Limits) -> str:
     return f"stopped by an error: {last}"
 
 
-def _kernel_environment(home: Path) -> dict[str, str]:
-    """The grader's environment with ``HOME`` a fresh folder: what a submission leaves in ``~``
-    (IPython startup files, a user ``site-packages``) never reaches a later one.  Packages you
-    installed with ``pip install --user`` stay importable (``PYTHONUSERBASE``)."""
-    env = dict(os.environ, HOME=str(home))
-    if "PYTHONUSERBASE" not in env and os.path.isdir(site.getusersitepackages()):
-        env["PYTHONUSERBASE"] = site.getuserbase()
+def _sandbox_environment(scratch: Path) -> dict[str, str]:
+    """A small environment that names none of the grader's folders: ``HOME`` and ``TMPDIR`` in the
+    scratch folder, minigeo from the copy there, ``PATH`` with this Python's folder first, and the
+    variables that tune JAX, XLA and the BLAS threads."""
+    env = {
+        "HOME": str(scratch / "home"),
+        "TMPDIR": str(scratch / "tmp"),
+        "PYTHONPATH": str(scratch / "lib"),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), "/usr/local/bin", "/usr/bin", "/bin"]),
+        "LANG": "C.UTF-8",
+        "LC_ALL": "C.UTF-8",
+        "MPLBACKEND": "Agg",
+        "PYTHONDONTWRITEBYTECODE": "1",
+        "PYTHONNOUSERSITE": "1",
+    }
+    for name, value in os.environ.items():
+        if name.startswith(("JAX_", "XLA_", "OMP_", "MKL_", "OPENBLAS_", "TF_CPP_")):
+            env[name] = value
     return env
 
 
-def _execute(nb, path: Path, timeout: int, limits: Limits | None = None) -> str | None:
-    """Run the notebook in a fresh kernel, in a fresh temporary folder holding only a copy of it, under
-    ``limits``; the reason it could not be run, or None.  The outputs go into ``nb``."""
-    limits = Limits() if limits is None else limits
-    deadline = time.monotonic() + limits.wall_time
-    scratch = Path(tempfile.mkdtemp(prefix="minigeo-grade-"))  # work/: the kernel's folder; home/: HOME
-    workdir, home = scratch / "work", scratch / "home"
-    client = None
-    try:
-        workdir.mkdir()
-        home.mkdir()
-        shutil.copyfile(path, workdir / path.name)
-        client = _LimitedClient(
-            nb,
-            limits,
-            deadline,
-            timeout=timeout,
-            kernel_name="python3",
-            resources={"metadata": {"path": str(workdir)}},
-            extra_arguments=["--IPKernelApp.log_level=ERROR"],  # not a warning per kernel on stderr
-            shutdown_kernel="immediate",  # SIGKILL to the process group: there is nothing to save
+def _folders_to_hide(paths: list[Path], solutions: Path) -> list[Path]:
+    """The solutions, the grader's own folder and every submission's folder."""
+    folders = {solutions.resolve(), HERE, *(p.resolve().parent for p in paths)}
+    folders = sorted(folders, key=lambda p: len(p.parts))
+    return [p for i, p in enumerate(folders) if not any(q in p.parents for q in folders[:i])]
+
+
+@dataclass
+class Isolation:
+    """What the sandbox hides and protects (see "Isolation" in the module docstring)."""
+
+    hide: list[Path] = field(default_factory=list)  # under an empty file system
+    readonly: list[Path] = field(default_factory=list)  # bound read-only
+    namespaces: bool = True  # use unshare when it works here
+
+
+def _usable(paths: list[Path], scratch: Path) -> list[str]:
+    """The folders that exist and hold neither the scratch folder nor this Python (hiding those would
+    stop the sandbox)."""
+    keep = []
+    vital = [scratch.resolve(), Path(sys.executable).resolve(), Path(sys.prefix).resolve()]
+    vital += [Path(sys.base_prefix).resolve(), Path(np_dir()).resolve()]
+    for p in paths:
+        p = Path(p).resolve()
+        if p.is_dir() and not any(v == p or p in v.parents for v in vital):
+            keep.append(str(p))
+    return keep
+
+
+def np_dir() -> str:
+    import numpy
+
+    return str(Path(numpy.__file__).parent)
+
+
+class _Sandbox:
+    """One submission's sandbox process (``minigeo.assignments._sandbox``) and the pipes to it."""
+
+    def __init__(self, source: bytes, filename: str, blocked: list[str], limits: Limits, timeout: int,
+                 isolation: Isolation):
+        import subprocess
+
+        import minigeo
+
+        self.limits, self.timeout = limits, timeout
+        self.deadline = time.monotonic() + limits.wall_time
+        self.stopped: str | None = None  # why we killed it, if we did
+        self.output = bytearray()  # the last 64 kB it printed
+        self.output_bytes = 0
+        self.next_id = 0
+        self.token = secrets.token_hex(16)
+        self.scratch = Path(tempfile.mkdtemp(prefix="minigeo-grade-"))
+        work, lib = self.scratch / "work", self.scratch / "lib"
+        for folder in (work, lib, self.scratch / "home", self.scratch / "tmp"):
+            folder.mkdir()
+        (work / filename).write_bytes(source)
+        shutil.copytree(
+            Path(minigeo.__file__).parent, lib / "minigeo", ignore=shutil.ignore_patterns("__pycache__")
         )
+        req_r, self.req_w = os.pipe()
+        self.resp_r, resp_w = os.pipe()
+        out_r, out_w = os.pipe()
+        sandbox_config = self.scratch / "sandbox.json"
+        sandbox_config.write_text(
+            json.dumps(
+                {"fd_in": req_r, "fd_out": resp_w, "notebook": str(work / filename), "blocked": blocked}
+            )
+        )
+        self.namespaced = isolation.namespaces and namespaces_available()
+        config = {
+            "rlimits": limits.rlimits(),
+            "sandbox_config": str(sandbox_config),
+            "readonly": _usable(isolation.readonly, self.scratch) if self.namespaced else [],
+            "hide": _usable(isolation.hide, self.scratch) if self.namespaced else [],
+            "private_tmp": str(Path(tempfile.gettempdir()).resolve()) if self.namespaced else "",
+            "scratch": str(self.scratch.resolve()),
+            "uid": _inner_uid(),
+            "gid": _inner_gid(),
+            "wrapper": _WRAPPER,
+        }
+        wrapper_config = self.scratch / "wrapper.json"
+        wrapper_config.write_text(json.dumps(config))
+        cmd = [sys.executable, "-c", _WRAPPER, "outer" if self.namespaced else "inner", str(wrapper_config)]
+        if self.namespaced:
+            cmd = ["unshare", "--user", "--map-root-user", "--mount", "--net", "--pid", "--fork"]
+            cmd += ["--mount-proc", sys.executable, "-c", _WRAPPER, "outer", str(wrapper_config)]
+        env = _sandbox_environment(self.scratch)
+        env["MINIGEO_SANDBOX"] = self.token  # to find its processes afterwards when there is no PID namespace
         try:
-            client.execute(env=_kernel_environment(home))
-            reason = client.stopped
-        except CellExecutionError as err:
-            reason = client.stopped or _error_reason(err, limits)
-        except CellTimeoutError:
-            reason = client.stopped or f"timed out: a cell ran longer than {timeout} s (an infinite loop?)"
-        except DeadKernelError as err:
-            reason = client.stopped or client.death_reason() or f"the kernel died: {_first_line(err)}"
-        except Exception as err:  # anything else that stops this notebook must not stop the grading
-            reason = client.stopped or f"could not be run: {type(err).__name__}: {_first_line(err)}"
-        if reason and client.out_of_memory() and "out of memory" not in reason:
-            # a kernel out of memory often cannot even report its MemoryError: it hangs, or dies
-            memory = limits.memory_gb
-            reason = f"stopped: out of memory, at the limit of {memory:g} GB (--memory); then {reason}"
-        return reason
-    finally:
-        if client is not None:
-            client.close()
-        shutil.rmtree(scratch, ignore_errors=True)
+            self.process = subprocess.Popen(
+                cmd,
+                cwd=work,
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out_w,
+                stderr=out_w,
+                pass_fds=(req_r, resp_w),
+                start_new_session=True,
+            )
+        finally:
+            for fd in (req_r, resp_w, out_w):
+                os.close(fd)
+        self.reader = _sandbox.FrameReader(self.resp_r, max_bytes=1 << 30)
+        self.drain = threading.Thread(target=self._read_output, args=(out_r,), daemon=True)
+        self.drain.start()
+
+    # ----------------------------------------------------------- output, limits, the end
+
+    def _read_output(self, fd: int) -> None:
+        cap = self.limits.max_output_mb * 2**20
+        with os.fdopen(fd, "rb", buffering=0) as f:
+            while True:
+                chunk = f.read(1 << 16)
+                if not chunk:
+                    return
+                self.output_bytes += len(chunk)
+                self.output += chunk
+                del self.output[: max(0, len(self.output) - 65536)]
+                if self.output_bytes > cap:
+                    self.kill(f"stopped: printed more than {self.limits.max_output_mb:g} MB (--max-output)")
+
+    def kill(self, reason: str | None = None) -> None:
+        if reason and self.stopped is None:
+            self.stopped = reason
+        try:
+            os.killpg(self.process.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+    def close(self) -> None:
+        try:
+            write_frame = _sandbox.write_frame
+            write_frame(self.req_w, {"exit": True})
+        except OSError:
+            pass
+        self.kill()
+        try:
+            self.process.wait(timeout=10)
+        except Exception:
+            pass
+        _kill_marked(self.token)
+        for fd in (self.req_w, self.resp_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+        self.drain.join(timeout=5)
+        if os.environ.get("MINIGEO_GRADE_DEBUG"):  # what the notebook's process printed, for the lecturer
+            sys.stderr.write(self.output.decode(errors="replace"))
+        shutil.rmtree(self.scratch, ignore_errors=True)
+
+    def death_reason(self) -> str:
+        """Why the sandbox ended without being asked to."""
+        if self.stopped:
+            return self.stopped
+        try:
+            code = self.process.wait(timeout=5)
+        except Exception:
+            code = None
+        tail = self.output.decode(errors="replace")
+        if "MemoryError" in tail or "RESOURCE_EXHAUSTED" in tail or "bad_alloc" in tail:
+            return f"stopped: out of memory, over the limit of {self.limits.memory_gb:g} GB (--memory)"
+        sig = None
+        if code is not None and code > 128:  # the first process's exit code: 128 + the sandbox's signal
+            sig = code - 128
+        elif code is not None and code < 0:
+            sig = -code
+        if sig == signal.SIGXCPU:
+            return f"stopped: used more than {self.limits.cpu_seconds()} s of CPU time (--cpu-time)"
+        if sig == signal.SIGXFSZ:
+            return f"stopped: wrote a file larger than {self.limits.file_size_mb:g} MB (--file-size)"
+        if sig == signal.SIGKILL:
+            return "the kernel was killed (SIGKILL: the hard CPU-time limit, or the machine is out of memory)"
+        if sig:
+            try:
+                return f"the kernel died ({signal.Signals(sig).name})"
+            except ValueError:
+                pass
+        return f"the kernel died: it exited with code {code}"
+
+    def _receive(self, cell_timeout: float | None = None):
+        """The next message; None when the sandbox ended or was stopped (``self.stopped`` says why)."""
+        last = time.monotonic()
+        while True:
+            if self.stopped:
+                return None
+            now = time.monotonic()
+            if now >= self.deadline:
+                wall = self.limits.wall_time
+                self.kill(f"timed out: the notebook ran longer than {wall:g} s (--wall-time)")
+                return None
+            if cell_timeout is not None and now - last >= cell_timeout:
+                self.kill(f"timed out: a cell ran longer than {self.timeout} s (an infinite loop?)")
+                return None
+            try:
+                frame = self.reader.read(timeout=0.25)
+            except (ValueError, OSError) as err:
+                self.kill(f"could not be graded: a garbled message from the notebook's process ({err})")
+                return None
+            if frame is not None:
+                return frame
+            if self.reader.eof:
+                return None
+
+    # ---------------------------------------------------------------------- the notebook
+
+    def run_notebook(self) -> str | None:
+        """Run the notebook's cells; None when all ran, else the reason (an error, a limit)."""
+        started = False  # the per-cell limit starts with the first cell, after the imports
+        while True:
+            frame = self._receive(cell_timeout=self.timeout if started else None)
+            if frame is None:
+                return self.death_reason()
+            head, _ = frame
+            started = started or "cell" in head
+            if "error" in head:
+                err = head["error"] if isinstance(head["error"], dict) else {}
+                return _error_reason(str(err.get("ename", "")), str(err.get("evalue", "")), self.limits)
+            if head.get("ready"):
+                return None
+
+    # ------------------------------------------------------------------- remote functions
+
+    def function(self, name: str):
+        """A stand-in for the submission's function ``name``: its arguments are pickled to the
+        sandbox, its result comes back as plain arrays."""
+        from minigeo.assignments import _kit
+
+        def call(*args, **kwargs):
+            if self.stopped or self.reader.eof:
+                raise _kit._Fail(f"not run: {self.stopped or 'the notebook process ended earlier'}")
+            rid, self.next_id = self.next_id, self.next_id + 1
+            with _kit._float64():  # cloudpickle: the checks pass functions (models, losses, charts)
+                payload = cloudpickle.dumps((args, kwargs))
+            limit = _kit._time_limit() if _CALL_LIMIT[0] is None else _CALL_LIMIT[0]
+            _sandbox.write_frame(self.req_w, {"id": rid, "call": name, "limit": limit}, payload)
+            while True:
+                frame = self._receive()
+                if frame is None:
+                    raise _kit._Fail(f"not run: {self.death_reason()}")
+                head, data = frame
+                if head.get("id") == rid:
+                    break  # an older answer (a call the check's time limit gave up on) is dropped
+            if head.get("missing"):
+                raise _kit._Fail(
+                    f"the notebook defines no function `{name}` (keep the name the assignment gives it)"
+                )
+            if head.get("timed_out"):
+                raise _kit._TimedOut()
+            if "raised" in head:
+                err = head["raised"] if isinstance(head["raised"], dict) else {}
+                ename = re.sub(r"\W", "", str(err.get("ename", "Exception")))[:60] or "Exception"
+                if ename == "NotImplementedError":
+                    raise NotImplementedError(str(err.get("evalue", "")))
+                raise type(ename, (Exception,), {})(str(err.get("evalue", "")))
+            try:
+                return _sandbox.unpack_value(head.get("value"), data)
+            except Exception as err:
+                raise _kit._Fail(f"its return value could not be read ({type(err).__name__})") from None
+
+        call.__name__ = name
+        return call
+
+
+_CALL_LIMIT: list[float | None] = [None]
+
+
+def _kill_marked(token: str) -> None:
+    """SIGKILL to every process whose environment carries the sandbox's token (Linux): the processes
+    a submission started in a new session, when there is no PID namespace to end them."""
+    marker = f"MINIGEO_SANDBOX={token}".encode()
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            if marker in (entry / "environ").read_bytes().split(b"\0"):
+                os.kill(int(entry.name), signal.SIGKILL)
+        except (OSError, ValueError):
+            pass
+
+
+_SOLUTIONS: dict[Path, dict] = {}
+
+
+def _solution_function(assignment: Assignment, name: str):
+    """The solution notebook's function ``name``, run here (the solutions are the course's own code):
+    its code cells but the Colab install and the checks, once per process."""
+    if assignment.source is None:
+        return None
+    if assignment.source not in _SOLUTIONS:
+        namespace: dict = {"__name__": "solution"}
+        try:
+            nb = nbformat.read(assignment.source, as_version=4)
+            for cell in nb.cells:
+                if cell.cell_type == "code" and "assignments.check_" not in cell.source:
+                    if "google.colab" not in cell.source:
+                        exec(compile(cell.source, str(assignment.source), "exec"), namespace)
+        except Exception:
+            namespace = {}
+        _SOLUTIONS[assignment.source] = namespace
+    fn = _SOLUTIONS[assignment.source].get(name)
+    return fn if callable(fn) else None
+
+
+def _instance_may_be_to_blame(message: str) -> bool:
+    """Whether a FAIL is a wrong or non-finite number (which an unlucky random instance can cause),
+    not a missing, unfinished, crashing, blocked or slow function."""
+    return ("off by" in message or "NaN or inf" in message) and "not run:" not in message
 
 
 def _ungradable(result: Result, reason: str, tasks: list[str]) -> Result:
@@ -427,46 +729,67 @@ def grade(
     timeout: int = 300,
     assignments: dict[str, Assignment] | None = None,
     limits: Limits | None = None,
+    source: bytes | None = None,
+    isolation: Isolation | None = None,
 ) -> Result:
-    """Execute one submission under ``limits`` and grade each task of its assignment from the score
-    cell."""
+    """Grade one submission: run it in a sandbox under ``limits``, then run each task's check here, on
+    a fresh secret seed, calling the submission's function in the sandbox.  ``source`` is the
+    notebook's bytes (read from ``path`` when not given)."""
+    from minigeo import assignments as checks
+    from minigeo.assignments import _kit
+
     assignments = load_assignments(HERE / "solutions") if assignments is None else assignments
+    limits = Limits() if limits is None else limits
+    if isolation is None:
+        isolation = Isolation(_folders_to_hide([path], HERE / "solutions"), [HERE.parent, Path.home()])
     try:
-        nb = nbformat.read(path, as_version=4)
+        source = Path(path).read_bytes() if source is None else source
+        nb = nbformat.reads(source.decode("utf-8"), as_version=4)
     except Exception as err:  # missing file, not JSON, not a notebook
         name = next((n for n in assignments if n in path.name), UNKNOWN)
         tasks = assignments[name].tasks if name in assignments else []
         reason = f"could not be read as a notebook: {type(err).__name__}: {_first_line(err)}"
         return _ungradable(Result(path, name), reason, tasks)
     name = identify(nb, path, assignments)
-    tasks = assignments[name].tasks if name in assignments else []
     result = Result(path, name)
-    for cell in nb.cells:  # saved outputs must not count: a cell nbclient skips (no code) keeps them
-        if cell.cell_type == "code":
-            cell.outputs = []
-    reason = _execute(nb, path, timeout, limits)
-    if reason:
-        return _ungradable(result, reason, tasks)
-    score = _score_cell_lines(nb)
-    if score is None:
-        return _ungradable(result, "no score line found (was the last cell deleted?)", tasks)
-    lines, (passed, total) = score
-    verdicts = {}
-    for line in lines:
-        verdict = _split_verdict(line, tasks)
-        if verdict:
-            verdicts[verdict[0]] = verdict[1:]
-    for task in tasks or list(verdicts):
-        if task in verdicts:
-            ok, rest = verdicts[task]
-            result.rows.append((task, int(ok), "" if ok else rest))
-        else:
-            result.rows.append((task, 0, "no PASS or FAIL line for this task in the score cell"))
-    if tasks:  # the tasks of the assignment, whatever the score line says
-        passed, total = sum(points for _, points, _ in result.rows), len(tasks)
-    elif not result.rows:
-        result.rows = [("", 0, f"assignment not identified; its score line says {passed} of {total}")]
-    result.line = f"{passed} of {total} checks passed"
+    if name not in assignments or not assignments[name].calls:
+        return _ungradable(result, "not graded: the assignment could not be identified", [])
+    assignment = assignments[name]
+    tasks = assignment.tasks
+    box = _Sandbox(source, path.name, BLOCKED.get(name, []), limits, timeout, isolation)
+    try:
+        reason = box.run_notebook()
+        if reason:
+            return _ungradable(result, reason, tasks)
+        # MINIGEO_GRADE_SEED reproduces a run (the instances are then no longer secret)
+        seed = int(os.environ.get("MINIGEO_GRADE_SEED", secrets.randbelow(2**31)))
+        _CALL_LIMIT[0] = float(timeout)
+        with contextlib.redirect_stdout(io.StringIO()):
+            for task, (check, fn) in zip(tasks, assignment.calls):
+                for _ in range(3):
+                    with _kit.grading_seed(seed):
+                        report = getattr(checks, check)(box.function(fn), time_limit=timeout)
+                    if report.passed or not _instance_may_be_to_blame(report.message):
+                        break
+                    # a wrong number: does the solution itself pass this random instance?  If not, the
+                    # instance is to blame (an unlucky draw), and the task is checked on a new one
+                    reference = _solution_function(assignment, fn)
+                    if reference is None:
+                        break
+                    with _kit.grading_seed(seed):
+                        if getattr(checks, check)(reference, time_limit=timeout).passed:
+                            break
+                    seed = secrets.randbelow(2**31)
+                hint = report.message.split(": ", 1)[1] if ": " in report.message else report.message
+                if report.message.startswith(f"FAIL {task}: "):
+                    hint = report.message[len(f"FAIL {task}: ") :]
+                result.rows.append((task, int(report.passed), "" if report.passed else hint))
+                if box.stopped and box.stopped.startswith("timed out: the notebook"):
+                    return _ungradable(result, box.stopped, tasks)
+    finally:
+        _CALL_LIMIT[0] = None
+        box.close()
+    result.line = f"{sum(points for _, points, _ in result.rows)} of {len(tasks)} checks passed"
     result.graded = True
     return result
 
@@ -547,13 +870,19 @@ def _notebooks(paths: list[Path]) -> list[Path]:
     return out
 
 
+def _grade_path(path, timeout, assignments, limits, source, isolation) -> Result:
+    if source is None:  # could not be read at the start
+        source = b""
+    return grade(path, timeout, assignments, limits, source, isolation)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(
         description=__doc__.splitlines()[0],
-        epilog="Each notebook runs in a fresh temporary folder holding only a copy of it, its kernel "
-        "under the limits above; a notebook past a limit scores 0 with the limit as its reason. "
-        "The limits stop runaway submissions, they are no sandbox: see 'Running the grader safely' "
-        "in book/lecturers.md for a container without network.",
+        epilog="Each notebook runs in a sandbox (a fresh folder; with Linux namespaces no network, its own "
+        "processes, the solutions and other submissions hidden) under the limits above; the checks run "
+        "in the grader's own process; a notebook past a limit scores 0 with the limit as its reason. "
+        "See 'Running the grader safely' in book/lecturers.md.",
     )
     parser.add_argument("notebooks", nargs="+", type=Path, help="notebooks, or folders of notebooks")
     parser.add_argument(
@@ -606,18 +935,44 @@ def main() -> int:
     parser.add_argument(
         "--solutions", type=Path, default=HERE / "solutions", help="the assignments' solutions"
     )
+    parser.add_argument(
+        "--no-namespaces",
+        action="store_true",
+        help="do not use Linux namespaces (unshare) even where they work: limits only, no isolation",
+    )
     args = parser.parse_args()
     assignments = load_assignments(args.solutions)
     limits = Limits(args.wall_time, args.memory, args.cpu_time, args.file_size, args.max_output)
     paths = _notebooks(args.notebooks)
+    # every submission is read before the first one runs: what a submission writes into another
+    # one's file (the sandbox hides their folders anyway) cannot change what is graded
+    sources = []
+    for path in paths:
+        try:
+            sources.append(path.read_bytes())
+        except OSError:
+            sources.append(None)
+    isolation = Isolation(
+        _folders_to_hide(paths, args.solutions), [HERE.parent, Path.home()], not args.no_namespaces
+    )
+    if not args.no_namespaces and not namespaces_available():
+        print(
+            "grade.py: unshare cannot create namespaces here: each submission runs under the limits, in "
+            "its own folder and session, but it can reach the network and read your files (see "
+            "book/lecturers.md, 'Running the grader safely')",
+            file=sys.stderr,
+        )
     results = []
     n = len(paths)
+    common = ([args.timeout] * n, [assignments] * n, [limits] * n, sources, [isolation] * n)
     if args.jobs > 1 and n > 1:
-        # one worker process per running kernel; results come back, and are printed, in input order
-        pool = ProcessPoolExecutor(max_workers=min(args.jobs, n))
-        graded = pool.map(grade, paths, [args.timeout] * n, [assignments] * n, [limits] * n)
+        # one worker process per running sandbox (started fresh, not forked from this process, which
+        # has JAX's threads); results come back, and are printed, in input order
+        context = multiprocessing.get_context("spawn")
+        pool = ProcessPoolExecutor(max_workers=min(args.jobs, n), mp_context=context)
+        graded = pool.map(_grade_path, paths, *common)
     else:
-        pool, graded = None, (grade(p, args.timeout, assignments, limits) for p in paths)
+        pool, graded = None, map(_grade_path, paths, *common)
     try:
         for result in graded:
             results.append(result)

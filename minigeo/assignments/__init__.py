@@ -37,6 +37,7 @@ from .hessian_endomorphism import (
 from .horizontal_projection import (
     check_horizontal_projection,
     check_quotient_metric,
+    check_vertical_dimension,
     check_vertical_vector,
 )
 from .laplace_evidence import (
@@ -86,6 +87,7 @@ __all__ = [
     "check_vertical_vector",
     "check_quotient_metric",
     "check_horizontal_projection",
+    "check_vertical_dimension",
     "check_move_heads",
     "check_sharpness_pair",
     "check_kendall_tau",

@@ -19,6 +19,33 @@ from ..coords import Reparametrization
 NOT_IMPLEMENTED = "not implemented yet: replace the `raise NotImplementedError` line with your code"
 
 
+#: The grader's seed (``assignments/grade.py`` sets a fresh secret one per submission): ``None``
+#: draws every check's instances from its fixed seeds, an integer folds it into each of them.
+_GRADING_SEED: int | None = None
+
+
+@contextlib.contextmanager
+def grading_seed(seed: int | None) -> Iterator[None]:
+    """Draw the checks' random instances from ``seed`` (folded into each check's own seed) inside."""
+    global _GRADING_SEED
+    old, _GRADING_SEED = _GRADING_SEED, None if seed is None else int(seed) % 2**31
+    try:
+        yield
+    finally:
+        _GRADING_SEED = old
+
+
+def _key(n: int) -> jax.Array:
+    """``jax.random.PRNGKey(n)``, with the grader's seed folded in when one is set."""
+    key = jax.random.PRNGKey(n)
+    return key if _GRADING_SEED is None else jax.random.fold_in(key, _GRADING_SEED)
+
+
+def _rng(n: int) -> np.random.Generator:
+    """``np.random.default_rng(n)``, with the grader's seed mixed in when one is set."""
+    return np.random.default_rng(n if _GRADING_SEED is None else [n, _GRADING_SEED])
+
+
 def _time_limit() -> float:
     """The package-level default ``minigeo.assignments.TIME_LIMIT``, read at every call."""
     return float(importlib.import_module("minigeo.assignments").TIME_LIMIT)
@@ -151,7 +178,7 @@ class _Draws:
     """
 
     def __init__(self, seed: int, size: int = 2048) -> None:
-        self._z = np.asarray(jax.random.normal(jax.random.PRNGKey(seed), (size,)), dtype=float)
+        self._z = np.asarray(jax.random.normal(_key(seed), (size,)), dtype=float)
         self._next = 0
 
     def normal(self, *shape: int) -> np.ndarray:

@@ -13,7 +13,7 @@ from .. import models as mm
 from ..models.vit import multi_head_attention
 from ..sharpness import adaptive_sharpness, geodesic_sharpness
 from ..stats import kendall_tau, kendall_tau_ci
-from ._kit import CheckReport, _close, _Fail, _matches, _run
+from ._kit import CheckReport, _close, _Fail, _matches, _run, _key
 
 _ATTN = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
 
@@ -177,7 +177,7 @@ def check_move_heads(
 
     def body() -> str:
         config = TINY_VIT._replace(depth=2)
-        key = jax.random.PRNGKey(70)
+        key = _key(70)
         images = jax.random.normal(jax.random.fold_in(key, 2), (6, 4, 4, 1), jnp.float64)
         for trial in range(2):
             p = _random_vit(jax.random.fold_in(key, 10 + trial), config)
@@ -222,7 +222,7 @@ def attention_model(params: dict, tokens: jax.Array) -> jax.Array:
 def _tiny_problem():
     """The sharpness check's model (one attention block of the tiny ViT: compiles in seconds), its loss,
     2 batches of 8 sequences of 5 tokens, the search, a point moved along the orbit and one with b_k shifted."""
-    key = jax.random.PRNGKey(71)
+    key = _key(71)
     vit = _random_vit(key, TINY_VIT)
     p = {"blocks": {"attn": vit["blocks"]["attn"]}, "head": vit["head"]["kernel"]}
     kx, ky = jax.random.split(jax.random.fold_in(key, 1))
@@ -234,7 +234,7 @@ def _tiny_problem():
     def loss_fn(params, batch):
         return mm.cross_entropy(attention_model(params, batch[0]), batch[1])
 
-    search = dict(key=jax.random.PRNGKey(72), n_iter=2, n_restarts=0)
+    search = dict(key=_key(72), n_iter=2, n_restarts=0)
     moved = _move(p, *_group_elements(jax.random.fold_in(key, 3), TINY_VIT, 3.0))
     attn = p["blocks"]["attn"]
     shift = jax.random.normal(jax.random.fold_in(key, 4), attn["b_k"].shape, jnp.float64)
@@ -444,7 +444,7 @@ def check_kendall_tau(
     """
 
     def body() -> str:
-        key = jax.random.PRNGKey(73)
+        key = _key(73)
         cases = [(n, ties) for n in (12, 25, 40) for ties in (True, False)]
         for i, (n, ties) in enumerate(cases):
             x, y = _tau_family(jax.random.fold_in(key, i), n, ties)
@@ -519,7 +519,7 @@ def check_kendall_tau_bootstrap(
     """
 
     def body() -> str:
-        key = jax.random.PRNGKey(74)
+        key = _key(74)
         widths = {}
         for i, (n, c, confidence) in enumerate([(20, 1.0, 0.95), (20, -0.8, 0.8), (60, 1.0, 0.95)]):
             k1, k2, k3 = jax.random.split(jax.random.fold_in(key, i), 3)

@@ -11,7 +11,7 @@ from .. import reparam
 from ..coords import transform_endomorphism
 from ..curvature import christoffel_symbols, riemannian_hessian
 from ..metrics import dense as dense_metric
-from ._kit import CheckReport, _close, _random_spd, _run
+from ._kit import CheckReport, _close, _random_spd, _run, _key
 
 
 def _hessian_cases(key: jax.Array, n: int = 4) -> list[tuple[jax.Array, jax.Array]]:
@@ -60,7 +60,7 @@ def check_hessian_endomorphism(
     """
 
     def body() -> str:
-        for i, (H, G) in enumerate(_hessian_cases(jax.random.PRNGKey(4))):
+        for i, (H, G) in enumerate(_hessian_cases(_key(4))):
             E = fn(H, G)
             _close(
                 E,
@@ -68,7 +68,7 @@ def check_hessian_endomorphism(
                 "E",
                 "E = G^{-1} H (solve with G; the order matters: H G^{-1} is wrong).",
             )
-            A = jax.random.normal(jax.random.PRNGKey(40 + i), (3, 3)) + 3.0 * jnp.eye(3)
+            A = jax.random.normal(_key(40 + i), (3, 3)) + 3.0 * jnp.eye(3)
             phi, theta = reparam.affine(A), jnp.zeros(3)
             Ai = jnp.linalg.inv(A)
             _close(
@@ -116,7 +116,7 @@ def check_invariant_trace(
     """
 
     def body() -> str:
-        for i, (H, G) in enumerate(_hessian_cases(jax.random.PRNGKey(5))):
+        for i, (H, G) in enumerate(_hessian_cases(_key(5))):
             t = fn(H, G)
             _close(
                 t,
@@ -124,7 +124,7 @@ def check_invariant_trace(
                 "the trace",
                 "The invariant trace is tr(G^{-1} H), not tr(H) (a bilinear form has no coordinate-free trace).",
             )
-            A = jax.random.normal(jax.random.PRNGKey(50 + i), (3, 3)) + 3.0 * jnp.eye(3)
+            A = jax.random.normal(_key(50 + i), (3, 3)) + 3.0 * jnp.eye(3)
             Ai = jnp.linalg.inv(A)
             _close(
                 fn(Ai.T @ H @ Ai, Ai.T @ G @ Ai),

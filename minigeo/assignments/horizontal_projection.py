@@ -6,9 +6,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..quotient import gl_metric, horizontal_projection, vertical_vector
-from ._kit import CheckReport, _close, _run
+from ._kit import CheckReport, _close, _close_or_name, _key, _rng, _run
 
 
 def _pair_cases(key: jax.Array, n: int = 3) -> list[tuple[jax.Array, jax.Array, jax.Array, jax.Array]]:
@@ -62,8 +63,8 @@ def check_vertical_vector(
     """
 
     def body() -> str:
-        for i, (G, H, _, _) in enumerate(_pair_cases(jax.random.PRNGKey(6))):
-            Om = jax.random.normal(jax.random.PRNGKey(60 + i), (3, 3))
+        for i, (G, H, _, _) in enumerate(_pair_cases(_key(6))):
+            Om = jax.random.normal(_key(60 + i), (3, 3))
             xG, xH = fn(G, H, Om)
             _close(
                 xG @ H.T + G @ xH.T,
@@ -116,8 +117,8 @@ def check_quotient_metric(
     """
 
     def body() -> str:
-        for i, (G, H, a, b) in enumerate(_pair_cases(jax.random.PRNGKey(7))):
-            k1, k2 = jax.random.split(jax.random.PRNGKey(70 + i))
+        for i, (G, H, a, b) in enumerate(_pair_cases(_key(7))):
+            k1, k2 = jax.random.split(_key(70 + i))
             eta, zeta = (a, b), (jax.random.normal(k1, (5, 3)), jax.random.normal(k2, (4, 3)))
             val = fn(G, H, eta, zeta)
             _close(
@@ -126,7 +127,7 @@ def check_quotient_metric(
                 "the inner product",
                 "Use metric (15) with P = G^T G and Q = H^T H.",
             )
-            A = jax.random.normal(jax.random.PRNGKey(75 + i), (3, 3)) + 3.0 * jnp.eye(3)
+            A = jax.random.normal(_key(75 + i), (3, 3)) + 3.0 * jnp.eye(3)
             Ai = jnp.linalg.inv(A)
             moved = fn(G @ Ai, H @ A.T, (eta[0] @ Ai, eta[1] @ A.T), (zeta[0] @ Ai, zeta[1] @ A.T))
             _close(
@@ -176,7 +177,7 @@ def check_horizontal_projection(
     """
 
     def body() -> str:
-        for i, (G, H, a, b) in enumerate(_pair_cases(jax.random.PRNGKey(8))):
+        for i, (G, H, a, b) in enumerate(_pair_cases(_key(8))):
             xi = (a, b)
             got = fn(G, H, xi)
             hint_orth = (
@@ -190,7 +191,7 @@ def check_horizontal_projection(
                     "the metric-(15) inner product of your result with a vertical vector",
                     hint_orth,
                 )
-            ver = vertical_vector((G, H), jax.random.normal(jax.random.PRNGKey(80 + i), (3, 3)))
+            ver = vertical_vector((G, H), jax.random.normal(_key(80 + i), (3, 3)))
             pv = fn(G, H, ver)
             for side, z in zip(("G", "H"), pv):
                 _close(
@@ -207,3 +208,95 @@ def check_horizontal_projection(
         return "matches minigeo; kills vertical vectors; idempotent; metric-orthogonal to the orbit."
 
     return _run("horizontal_projection", body, time_limit)
+
+
+def _vertical_dimension_truth(G: np.ndarray, H: np.ndarray) -> int:
+    """The rank of Omega -> (-G Omega, H Omega^T), from its matrix on the basis E_ij of R^{h x h}."""
+    h = G.shape[1]
+    columns = []
+    for k in range(h * h):
+        E = np.zeros((h, h))
+        E.flat[k] = 1.0
+        columns.append(np.concatenate([(-G @ E).ravel(), (H @ E.T).ravel()]))
+    return int(np.linalg.matrix_rank(np.stack(columns, axis=1)))
+
+
+def check_vertical_dimension(
+    fn: Callable[[int, int, int], int],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
+    r"""Check ``fn(h, rank_G, rank_H)`` = the vertical space's dimension at a pair ``(G, H)`` of those ranks.
+
+    A derivation the chapter leaves out: at a pair with full column rank the vertical space has
+    dimension :math:`h^2`; when both :math:`G` and :math:`H` are rank-deficient, some
+    :math:`\Omega` move neither.  The check draws random pairs :math:`G\in\mathbb R^{5\times h}`,
+    :math:`H\in\mathbb R^{4\times h}` of the given ranks and compares ``fn``'s prediction with the
+    rank of :math:`\Omega\mapsto(-G\Omega, H\Omega^\top)` computed from its matrix.
+
+    Parameters
+    ----------
+    fn : callable
+        The student's answer, called as ``fn(h, rank_G, rank_H)`` with integers; it returns the
+        dimension, a number.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
+
+    Examples
+    --------
+    >>> from minigeo import assignments
+    >>> assignments.check_vertical_dimension(lambda h, r, s: h * h).passed
+    FAIL vertical_dimension: ...
+    False
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, Sec. 3.3 (the orbits of GL(h)). Assignment of chapter 6.
+    """
+
+    def body() -> str:
+        rng = _rng(9)
+        cases = [(3, 3, 1), (3, 2, 2), (4, 1, 3), (4, 2, 2), (2, 1, 1)]
+        for _ in range(3):  # and three drawn at random
+            h = int(rng.integers(2, 5))
+            cases.append((h, int(rng.integers(1, h + 1)), int(rng.integers(1, min(h, 4) + 1))))
+        for h, r_G, r_H in cases:
+            G = rng.normal(size=(5, r_G)) @ rng.normal(size=(r_G, h))
+            H = rng.normal(size=(4, r_H)) @ rng.normal(size=(r_H, h))
+            truth = _vertical_dimension_truth(G, H)
+            got = fn(h, r_G, r_H)
+            what = f"the vertical dimension for h = {h}, rank G = {r_G}, rank H = {r_H}"
+            mistakes = [
+                (
+                    h * h,
+                    "h^2 is the dimension of GL(h), and of the vertical space only when G or H has full "
+                    "column rank: which Omega give G Omega = 0 and H Omega^T = 0 at once?",
+                ),
+                (
+                    r_G * r_H,
+                    "rank G x rank H is not it: count the Omega that move neither G nor H (G Omega = 0 and "
+                    "H Omega^T = 0) and subtract them from h^2.",
+                ),
+                (
+                    h * h - (h - r_G) - (h - r_H),
+                    "the Omega with G Omega = 0 and H Omega^T = 0 are not a sum of the two kernels: their "
+                    "columns lie in ker G and their rows in ker H.",
+                ),
+            ]
+            _close_or_name(
+                got,
+                truth,
+                what,
+                "The vertical space is the image of Omega -> (-G Omega, H Omega^T): h^2 minus the dimension "
+                "of its kernel.",
+                mistakes,
+            )
+        return "the vertical dimension is right for full-rank and rank-deficient pairs."
+
+    return _run("vertical_dimension", body, time_limit)

@@ -11,7 +11,7 @@ import numpy as np
 from .._compile import jit_per_callable
 from ..metrics import empirical_fisher, fisher, ggn
 from ..natgrad import natural_gradient
-from ._kit import CheckReport, _close, _close_or_name, _Fail, _run
+from ._kit import CheckReport, _close, _close_or_name, _Fail, _run, _rng
 
 # ---------------------------------------------------------------------------------------- instances
 # Instances are drawn with NumPy's generator (no compilation), and every reference (dense Jacobians,
@@ -178,7 +178,7 @@ def check_ggn_vector_product(
             "G v = J^T (H_z (J v)): push v forward with jax.jvp(model, ...), multiply by the Hessian of the "
             "loss at z = model(params) (jax.jvp of jax.grad(loss)), pull back with jax.vjp(model, ...)."
         )
-        rng = np.random.default_rng(21)
+        rng = _rng(21)
         for name, model, loss, theta in _ggn_cases(rng):
             v = _normal(rng, theta.size)
             ref = _reference(lambda x: _ggn_references(model, loss, x, v), theta)
@@ -311,7 +311,7 @@ def check_categorical_fisher(
             "F = (1/N) sum_n sum_c p_nc s_nc s_nc^T with the score s_nc = grad_params log softmax(model(params))[n, c] "
             "(jax.jacrev of the log-softmax gives all of them); the labels are not used."
         )
-        rng = np.random.default_rng(22)
+        rng = _rng(22)
         for model, theta, labels in _classifier_cases(rng):
             ref = _reference(lambda x: _fisher_references(model, x, labels), theta)
             mistakes = [
@@ -431,7 +431,7 @@ def check_empirical_fisher(
             "F_emp = (1/N) sum_n g_n g_n^T with g_n the gradient of example n's negative log-likelihood at its "
             "training label (the rows of jax.jacrev of the per-example losses)."
         )
-        rng = np.random.default_rng(23)
+        rng = _rng(23)
         n, c = 4, 3
         model, theta = _mlp(rng, n, 3, 4, c, scale=2.0)
         p = np.asarray(jax.nn.softmax(model(theta), axis=-1))
@@ -586,7 +586,7 @@ def check_natural_gradient_regression(
             "theta - lr (G + damping I)^{-1} grad, with G = J^T H_z J the GGN of this loss (H_z = I/N for "
             "L = (1/2N) sum (z_n - y_n)^2) and grad the gradient of loss(model(params)); use a linear solve."
         )
-        rng = np.random.default_rng(24)
+        rng = _rng(24)
         n = 20  # more outputs than the 13 parameters: the GGN is invertible without damping
         for _ in range(3):
             model, theta = _mlp(rng, n, 2, 3, 1, scale=1.5)

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 
 from ..coords import Reparametrization, transform_covector, transform_metric, transform_vector
-from ._kit import CheckReport, _close, _random_reparametrizations, _random_spd, _run
+from ._kit import CheckReport, _close, _random_reparametrizations, _random_spd, _run, _key
 
 
 def check_transform_vector(
@@ -47,8 +47,8 @@ def check_transform_vector(
     """
 
     def body() -> str:
-        for i, (name, phi, theta) in enumerate(_random_reparametrizations(jax.random.PRNGKey(1))):
-            v = jax.random.normal(jax.random.PRNGKey(10 + i), (2,))
+        for i, (name, phi, theta) in enumerate(_random_reparametrizations(_key(1))):
+            v = jax.random.normal(_key(10 + i), (2,))
             _close(
                 fn(phi, theta, v),
                 transform_vector(phi, theta, v),
@@ -96,8 +96,8 @@ def check_transform_covector(
     """
 
     def body() -> str:
-        for i, (name, phi, theta) in enumerate(_random_reparametrizations(jax.random.PRNGKey(2))):
-            k1, k2 = jax.random.split(jax.random.PRNGKey(20 + i))
+        for i, (name, phi, theta) in enumerate(_random_reparametrizations(_key(2))):
+            k1, k2 = jax.random.split(_key(20 + i))
             omega, v = jax.random.normal(k1, (2,)), jax.random.normal(k2, (2,))
             got = fn(phi, theta, omega)
             _close(
@@ -158,8 +158,8 @@ def check_natural_gradient_step(
     """
 
     def body() -> str:
-        for i, (name, phi, theta) in enumerate(_random_reparametrizations(jax.random.PRNGKey(3))):
-            k1, k2 = jax.random.split(jax.random.PRNGKey(30 + i))
+        for i, (name, phi, theta) in enumerate(_random_reparametrizations(_key(3))):
+            k1, k2 = jax.random.split(_key(30 + i))
             G, grad, lr = _random_spd(k1, 2), jax.random.normal(k2, (2,)), 0.1
             step = fn(G, grad, lr)
             _close(
