@@ -183,13 +183,16 @@ def make_study(
         fam, start = train_family(w_pre, jax.random.PRNGKey(100 + family_seed), hp)
         return fam, {k: np.asarray(v) for k, v in evaluate_family(fam, start).items()}
 
-    def moved_family(fam, r, cond):
-        """Every model moved by its own random group element in float64, rounded to float32."""
+    def moved_family(fam, r, cond, layernorm=True):
+        """Every model moved by its own random group elements in float64, rounded to float32:
+        attention moves of condition number ``cond`` (a number, or one per model) and, if
+        ``layernorm``, LayerNorm rescalings by factors drawn uniformly from [0.3, 3]."""
         L, Hh, dh, d = config.depth, config.heads, config.head_dim, config.width
         draw = lambda: jnp.asarray(group_elements(r, (M, L, Hh, dh, dh), cond))
         with jax.enable_x64(True):
             f64 = jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float64), fam)
-            ln = (jnp.asarray(r.uniform(0.3, 3.0, (M, L, d))), jnp.asarray(r.uniform(0.3, 3.0, (M, d))))
+            u = lambda shape: r.uniform(0.3, 3.0, shape) if layernorm else np.ones(shape)
+            ln = (jnp.asarray(u((M, L, d))), jnp.asarray(u((M, d))))
             out = jax.vmap(move_along_symmetries)(f64, draw(), draw(), *ln)
             return jax.tree_util.tree_map(lambda x: jnp.asarray(x, jnp.float32), out)
 
@@ -218,7 +221,8 @@ def group_elements(r, shape, cond):
     """Random A = U diag(s) V^T, U and V Haar-orthogonal, s geometrically spaced from 1 to
     1/cond: cond(A) = cond exactly (cond = 1: an orthogonal move)."""
     U, V = (np.linalg.qr(r.normal(size=shape))[0] for _ in range(2))
-    s = np.geomspace(1.0, 1.0 / cond, shape[-1])
+    c = np.reshape(np.asarray(cond, float), np.shape(cond) + (1,) * (len(shape) - 2 - np.ndim(cond)))
+    s = c[..., None] ** -np.linspace(0.0, 1.0, shape[-1])  # one cond per leading index allowed
     return (U * s[..., None, :]) @ np.swapaxes(V, -1, -2)
 
 
