@@ -166,7 +166,8 @@ def make_study(
         s = mg.geodesic_sharpness(
             loss_fn, p, sharp_batches, spec, rho, second_order=False, **search
         )
-        return a.sharpness, g.sharpness, s.sharpness, jnp.stack([a.status, g.status, s.status])
+        status = jnp.stack([a.status, g.status, s.status])
+        return a.sharpness, g.sharpness, s.sharpness, status
 
     measure_family = jax.jit(jax.vmap(three, in_axes=(0, None)))
 
