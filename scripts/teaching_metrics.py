@@ -78,7 +78,7 @@ TARGETS = {
 
 #: Chapters (notebook stems' two-digit prefixes) that meet the standard; ``--check`` fails
 #: when one of them stops meeting it.  Add a chapter here when it gets there.
-CHAPTERS_AT_STANDARD = ["01", "02", "03", "04", "05", "06"]
+CHAPTERS_AT_STANDARD = ["01", "02", "03", "04", "05", "06", "07"]
 
 #: Reading speed for the reading-time line, words of prose a minute.
 WPM = 200
