@@ -311,19 +311,24 @@ stage, cfg_path = sys.argv[1], sys.argv[2]
 with open(cfg_path) as f:
     cfg = json.load(f)
 if stage == "outer":
-    for path in cfg["readonly"]:
-        subprocess.run(["mount", "--bind", path, path], check=True)
-        subprocess.run(["mount", "-o", "remount,bind,ro", path], check=True)
-    for path in cfg["hide"]:
-        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=555", "tmpfs", path], check=True)
     if cfg["private_tmp"]:  # an empty temporary folder, with only this sandbox's scratch folder in it
-        tmp, scratch = cfg["private_tmp"], cfg["scratch"]
-        fd = os.open(scratch, os.O_RDONLY | os.O_DIRECTORY)
+        # and the folders the sandbox needs that live under it (a checkout or a venv in /tmp); the
+        # read-only and hidden mounts below then apply to what is visible
+        tmp = cfg["private_tmp"]
+        fds = {path: os.open(path, os.O_RDONLY | os.O_DIRECTORY) for path in [cfg["scratch"], *cfg["keep_in_tmp"]]}
         subprocess.run(["mount", "-t", "tmpfs", "-o", "mode=1777", "tmpfs", tmp], check=True)
-        os.makedirs(scratch)
-        bind = ["mount", "--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", scratch]
-        subprocess.run(bind, check=True, pass_fds=(fd,))
-        os.close(fd)
+        for path, fd in fds.items():
+            os.makedirs(path, exist_ok=True)
+            bind = ["mount", "--no-canonicalize", "--bind", f"/proc/self/fd/{fd}", path]
+            subprocess.run(bind, check=True, pass_fds=(fd,))
+            os.close(fd)
+    for path in cfg["readonly"]:
+        if os.path.isdir(path):
+            subprocess.run(["mount", "--bind", path, path], check=True)
+            subprocess.run(["mount", "-o", "remount,bind,ro", path], check=True)
+    for path in cfg["hide"]:
+        if os.path.isdir(path):
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k,mode=555", "tmpfs", path], check=True)
     uid, gid = cfg["uid"], cfg["gid"]
     os.execvp("unshare", ["unshare", "--user", "--mount", f"--map-user={uid}", f"--map-group={gid}",
                           sys.executable, "-c", cfg["wrapper"], "inner", cfg_path])
@@ -439,6 +444,17 @@ def _usable(paths: list[Path], scratch: Path) -> list[str]:
     return keep
 
 
+def _kept_in_tmp(readonly: list[Path], scratch: Path) -> list[str]:
+    """The folders under the temporary folder that must stay visible in the sandbox's private one:
+    this Python's installation and the read-only folders (a course checked out, or a venv made,
+    under /tmp), outermost only; the scratch folder is bound back on its own."""
+    tmp = Path(tempfile.gettempdir()).resolve()
+    wanted = [Path(sys.prefix), Path(sys.base_prefix), Path(sys.executable).parent, Path(np_dir()), *readonly]
+    under = {p.resolve() for p in wanted if p.exists() and tmp in p.resolve().parents}
+    under = {p for p in under if p != scratch.resolve() and scratch.resolve() not in p.parents}
+    return sorted(str(p) for p in under if not any(q in p.parents for q in under))
+
+
 def np_dir() -> str:
     import numpy
 
@@ -485,6 +501,7 @@ class _Sandbox:
             "readonly": _usable(isolation.readonly, self.scratch) if self.namespaced else [],
             "hide": _usable(isolation.hide, self.scratch) if self.namespaced else [],
             "private_tmp": str(Path(tempfile.gettempdir()).resolve()) if self.namespaced else "",
+            "keep_in_tmp": _kept_in_tmp(isolation.readonly, self.scratch) if self.namespaced else [],
             "scratch": str(self.scratch.resolve()),
             "uid": _inner_uid(),
             "gid": _inner_gid(),

@@ -253,7 +253,9 @@ PROBE = (
     "        problems.append('its environment names ' + secret)\n"
     "    if pathlib.Path(secret).exists() and any(pathlib.Path(secret).iterdir()):\n"
     "        problems.append('it can list ' + secret)\n"
-    "others = [p for p in pathlib.Path('/tmp').iterdir() if not str(pathlib.Path.cwd()).startswith(str(p))]\n"
+    "# the course folder and this Python stay visible (read-only) where they live under /tmp\n"
+    "kept = [str(pathlib.Path.cwd()), *KEPT]\n"
+    "others = [p for p in pathlib.Path('/tmp').iterdir() if not any(k.startswith(str(p) + '/') for k in kept)]\n"
     "if others:\n"
     "    problems.append(f'/tmp holds {others[:3]}')\n"
     "if problems:\n"
@@ -271,7 +273,8 @@ def test_sandbox_has_no_network_no_grader_processes_and_a_small_environment(tmp_
     path = tmp_path / "sub" / f"{NAME}.ipynb"
     path.parent.mkdir()
     secrets = [str(KIT / "solutions"), str(KIT), str(path.parent)]
-    setup = f"NAME = {NAME!r}\nSECRETS = {secrets!r}"
+    kept = [str(KIT.parent.resolve()), str(Path(sys.prefix).resolve())]  # a checkout or venv under /tmp
+    setup = f"NAME = {NAME!r}\nSECRETS = {secrets!r}\nKEPT = {kept!r}"
     nbformat.write(_with_cells(SOLUTION, setup, PROBE), path)
     run = subprocess.run(
         [sys.executable, str(KIT / "grade.py"), str(path), "--csv", str(tmp_path / "g.csv")],
