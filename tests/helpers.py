@@ -73,3 +73,19 @@ def compiles_during(fn, *args, **kwargs):
     before = _COMPILES[0]
     out = jax.block_until_ready(fn(*args, **kwargs))
     return out, _COMPILES[0] - before
+
+
+def alive_processes(token: str) -> list[int]:
+    """The live (not zombie) processes whose command line holds ``token`` (the grader's sandbox marker)."""
+    from pathlib import Path
+
+    pids = []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            cmd = (entry / "cmdline").read_bytes().split(b"\0")
+            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if token.encode() in cmd and state != "Z":
+            pids.append(int(entry.name))
+    return pids

@@ -26,6 +26,7 @@ import scipy.linalg
 
 import minigeo as mg
 from minigeo import assignments as A
+from helpers import alive_processes
 from wrong_submissions import WRONG_SUBMISSIONS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -559,13 +560,8 @@ def test_grader_limits_cpu_file_size_and_output_and_ends_every_process(tmp_path)
     assert "bigfile.ipynb: stopped: wrote a file larger than 1 MB (--file-size)" in lines[2], lines
     assert lines[3].endswith("flood.ipynb: stopped: printed more than 1 MB (--max-output)"), lines
     time.sleep(1)
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        assert token.encode() not in cmd or state == "Z", f"process {entry.name} survived the grading"
+    survivors = alive_processes(token)
+    assert not survivors, f"processes {survivors} survived the grading"
 
 
 # ------------------------------------------------------------ assignment 2 (pullback metrics)

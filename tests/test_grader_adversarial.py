@@ -27,6 +27,7 @@ from collections import defaultdict
 from pathlib import Path
 
 import nbformat
+from helpers import alive_processes
 import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -151,19 +152,6 @@ def _runaway(token: str) -> str:
     )
 
 
-def _alive(token: str) -> list[int]:
-    pids = []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            cmd = (entry / "cmdline").read_bytes().split(b"\0")
-            state = (entry / "stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if token.encode() in cmd and state != "Z":
-            pids.append(int(entry.name))
-    return pids
-
-
 @pytest.mark.slow
 @pytest.mark.timeout(900)
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="the isolation uses Linux namespaces")
@@ -225,7 +213,7 @@ def test_cheating_submissions_score_zero_and_honest_ones_full_marks(tmp_path):
     assert points == 0 and "mg.horizontal_projection computes this task's answer" in hint, report
     assert line["slow_cells"] == "timed out: the notebook ran longer than 60 s (--wall-time)", report
     time.sleep(1)
-    assert not _alive(token), f"runaway processes survived the grading: {_alive(token)}"
+    assert not alive_processes(token), f"runaway processes survived the grading: {alive_processes(token)}"
 
 
 # What the sandbox sees, reported through the score: the probe cell replaces vertical_vector by a
