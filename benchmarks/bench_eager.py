@@ -154,7 +154,7 @@ def cases(params, model, labels, with_inputs):
         "natural_gradient (CG, damping 1)": (
             lambda p, v: mg.natural_gradient(G, p, v, damping=1.0, maxiter=200, tol=1e-3), (params, v)),
         "logdet_slq (GGN + I, 10 probes, 20 steps)": (
-            lambda p, k: mg.logdet_slq(matvec, _size(p), k, num_probes=10, num_iterations=20)[0], (params, key)),
+            lambda p, k: mg.densities.logdet_slq(matvec, _size(p), k, num_probes=10, num_iterations=20)[0], (params, key)),
         "trace_estimate (10 probes)": (lambda p, k: mg.trace_estimate(loss, p, k)[0], (params, key)),
         "top_eigenvalues (k=5, 30 steps)": (
             lambda p, k: mg.top_eigenvalues(loss, p, k, k=5, num_iterations=30, rtol=None), (params, key)),

@@ -86,7 +86,7 @@ def density_table(d: int = 60) -> str:
     B = r.normal(size=(d, d))
     G = jnp.asarray(B @ B.T / d + np.eye(d))
     E = np.linalg.solve(np.asarray(G), np.asarray(H))
-    dens = mg.spectral_density(f, x, jax.random.PRNGKey(0), metric=mg.dense_metric(G), num_probes=30, num_iterations=20)
+    dens = mg.spectral_density(f, x, jax.random.PRNGKey(0), metric=mg.metrics.dense(G), num_probes=30, num_iterations=20)
     rows = ["| k | tr(E^k)/d (dense) | SLQ estimate | standard error | z |", "|---|---|---|---|---|"]
     for k in range(1, 5):
         truth = np.trace(np.linalg.matrix_power(E, k)) / d

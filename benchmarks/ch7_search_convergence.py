@@ -25,7 +25,7 @@ for rho in (0.1, 1.0):
     a, b = short.measure(fam, rho), long.measure(fam, rho)
     for k in ("adaptive", "geodesic", "straight"):
         q = b[k] / a[k]
-        ta, tb = (cs.mg.kendall_tau(v[k], stats["gap"]) for v in (a, b))
+        ta, tb = (cs.mg.stats.kendall_tau(v[k], stats["gap"]) for v in (a, b))
         print(
             f"rho {rho:4.1f} {k:9s} 20 it / 4 it: median {np.median(q):.3f}, max {q.max():.3f}; "
             f"tau with the gap {ta:+.2f} (4 it) {tb:+.2f} (20 it)", flush=True,

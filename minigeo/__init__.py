@@ -58,18 +58,47 @@ from .coords import *  # noqa: F403
 from .curvature import *  # noqa: F403
 from .densities import *  # noqa: F403
 from .metrics import *  # noqa: F403
-from .metrics import dense as dense_metric
 from .natgrad import *  # noqa: F403
 from .operators import *  # noqa: F403
-from .parallel import *  # noqa: F403
-from .quotient import *  # noqa: F403
 from .sharpness import *  # noqa: F403
-from .stats import *  # noqa: F403
-
-del dense  # noqa: F821  (re-exported as dense_metric)
 
 from . import assignments, models  # noqa: E402  (floor 4: import the floors below)
 
+# Names reached through their module only (issue 53): the top level keeps the names the chapters
+# teach with; the GL(h) quotient geometry, the statistics, data parallelism, the exact diagonals,
+# the special metrics and the result types are ``mg.quotient.gl_metric``, ``mg.stats.kendall_tau``,
+# ``mg.metrics.dense``, ``mg.curvature.Eigenpairs``, ...
+IN_NAMESPACE: dict[str, tuple[str, ...]] = {
+    "quotient": tuple(quotient.__all__),
+    "stats": tuple(stats.__all__),
+    "parallel": tuple(parallel.__all__),
+    "metrics": ("dense", "diagonal", "as_metric", "ggn_diagonal", "fisher_diagonal", "empirical_fisher_diagonal"),
+    "curvature": ("EstimateInfo", "SpectralDensity", "Eigenpairs"),
+    "densities": ("logdet_slq", "LaplaceEvidence", "LaplacePosterior", "GLMPredictive", "PriorPrecision", "WeightNorm"),
+    "sharpness": ("SymmetrySpec", "WithBias", "SharpnessResult"),
+    "operators": ("Batches", "CurvatureOperator"),
+}
+# the top-level names of 0.3.0 that moved: old name -> (module, name); each still works, with a
+# DeprecationWarning, until 0.5.0 (CHANGELOG, 0.4.0)
+_MOVED: dict[str, tuple[str, str]] = {name: (module, name) for module, names in IN_NAMESPACE.items() for name in names}
+_MOVED["dense_metric"] = ("metrics", "dense")
+for _name in list(_MOVED) + ["dense"]:
+    globals().pop(_name, None)
+del _name
+
+
+def __getattr__(name: str):
+    if name in _MOVED:
+        import warnings
+
+        module, attr = _MOVED[name]
+        warnings.warn(
+            f"minigeo.{name} is minigeo.{module}.{attr} since 0.4.0; the top-level name goes in 0.5.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return getattr(globals()[module], attr)
+    raise AttributeError(f"module 'minigeo' has no attribute {name!r}")
 
 
 def _read_version() -> str:
@@ -106,19 +135,18 @@ __all__ = [
     "__version__",
     "GeometryError",
     "Status",
+    # namespaces: the names they hold only (IN_NAMESPACE) are not repeated here
     "reparam",
     "metrics",
-    "dense_metric",
-    *coords.__all__,
-    *(name for name in metrics.__all__ if name != "dense"),
-    *quotient.__all__,
-    *natgrad.__all__,
-    *curvature.__all__,
-    *densities.__all__,
-    *operators.__all__,
-    *(name for name in sharpness.__all__ if name != "kendall_tau"),  # kendall_tau: from stats
-    *parallel.__all__,
-    *stats.__all__,
+    "curvature",
+    "densities",
+    "operators",
+    "quotient",
+    "sharpness",
+    "stats",
+    "parallel",
+    *(name for module in (coords, metrics, natgrad, curvature, densities, operators, sharpness)
+      for name in module.__all__ if name not in _MOVED and name not in IN_NAMESPACE.get(module.__name__.rpartition(".")[2], ())),
     "models",
     "assignments",
 ]

@@ -1,6 +1,6 @@
 r"""Block Lanczos in the ``G``-inner product, Rayleigh-Ritz and a certificate that counts multiplicity (floor 1).
 
-Shared by :func:`minigeo.top_eigenvalues` and :meth:`minigeo.CurvatureOperator.top_eigenvalues`
+Shared by :func:`minigeo.top_eigenvalues` and :meth:`minigeo.operators.CurvatureOperator.top_eigenvalues`
 (issue 31: single-vector Lanczos keeps only one copy of a repeated eigenvalue, and a per-value
 residual bound cannot see the missing copies).
 

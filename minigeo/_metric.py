@@ -685,7 +685,7 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
     a :class:`Metric`                 (any)                       itself
     ``None``                          (any)                       :func:`~minigeo.euclidean`
     a square matrix :math:`M`         (any)                       the constant field :math:`G(\theta) = M`
-    ``x -> G(x)`` (a matrix)          ``"matrix_field"``          :func:`~minigeo.dense_metric` ``(obj)``
+    ``x -> G(x)`` (a matrix)          ``"matrix_field"``          :func:`~minigeo.metrics.dense` ``(obj)``
     ``(params, v) -> G v``            ``"product"``               ``Metric(obj)``
     ``v -> G v`` (at one point)       ``"operator"``              the constant field with that product
     ================================  ==========================  ===========================================
@@ -724,11 +724,11 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> field = lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2]))
-    >>> polar = mg.as_metric(field, kind="matrix_field")
+    >>> polar = mg.metrics.as_metric(field, kind="matrix_field")
     >>> polar.dense(jnp.array([2.0, 0.3]))
     Array([[1., 0.],
            [0., 4.]], dtype=float32)
-    >>> G = mg.as_metric(jnp.array([[2.0, 1.0], [1.0, 2.0]]))
+    >>> G = mg.metrics.as_metric(jnp.array([[2.0, 1.0], [1.0, 2.0]]))
     >>> G.mv(jnp.zeros(2), jnp.array([1.0, 0.0]))
     Array([2., 1.], dtype=float32)
 
@@ -763,10 +763,10 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
 
 #: How to turn other objects into a :class:`Metric` (the hint of every error about a ``metric=``).
 HOW_TO_MAKE_A_METRIC = (
-    "Pass a Metric, or None for the Euclidean metric: mg.dense_metric(lambda x: G(x)) for a matrix field, "
-    "mg.dense_metric(M) (or M itself) for a constant square matrix, mg.metrics.diagonal(w) for positive "
+    "Pass a Metric, or None for the Euclidean metric: mg.metrics.dense(lambda x: G(x)) for a matrix field, "
+    "mg.metrics.dense(M) (or M itself) for a constant square matrix, mg.metrics.diagonal(w) for positive "
     "weights shaped like the parameters, mg.Metric(lambda params, v: ...) for a product function, "
-    "mg.as_metric(op, kind='operator') for a product v -> G v at one point."
+    "mg.metrics.as_metric(op, kind='operator') for a product v -> G v at one point."
 )
 
 

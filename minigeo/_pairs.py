@@ -70,7 +70,7 @@ class _PairFrame(NamedTuple):
     the SVD of the tall side loses only :math:`\mathrm{cond}(G)\,\varepsilon`.  Every horizontal
     projection and geodesic below is written with :math:`\hat G`, :math:`\hat H`, ``Z``, ``W`` and
     :math:`\sigma` so that the condition number enters once (through the final product with
-    :math:`P^{1/2}`), see :func:`minigeo.horizontal_projection`.
+    :math:`P^{1/2}`), see :func:`minigeo.quotient.horizontal_projection`.
 
     ``ok`` is ``True`` where both sides have full numerical rank at their dtype (the relaxed smallest
     singular value above ``_singular_value_cutoff * s_max``); ``cond`` is the larger of the two

@@ -1,6 +1,6 @@
 r"""Restriction of a curvature matrix to a block of the parameters: leaves, or sub-arrays of leaves.
 
-Shared by :meth:`minigeo.CurvatureOperator.restrict` and the ``paths=`` argument of
+Shared by :meth:`minigeo.operators.CurvatureOperator.restrict` and the ``paths=`` argument of
 :func:`minigeo.top_eigenvalues`, :func:`minigeo.trace_estimate`, :func:`minigeo.diagonal_estimate`
 and :func:`minigeo.spectral_density` (one implementation).
 

@@ -10,8 +10,8 @@ diagnosis of a failed solve and the status under ``jit``, are written here once:
   certified (see :func:`minigeo.top_eigenvalues`);
 * :func:`slq_logdet`: :math:`\log\det A` by stochastic Lanczos quadrature.
 
-:func:`minigeo.trace_estimate`, :func:`minigeo.top_eigenvalues`, :func:`minigeo.logdet_slq` and the
-methods of :class:`minigeo.CurvatureOperator` are adapters that build a :class:`Products` and call
+:func:`minigeo.trace_estimate`, :func:`minigeo.top_eigenvalues`, :func:`minigeo.densities.logdet_slq` and the
+methods of :class:`minigeo.operators.CurvatureOperator` are adapters that build a :class:`Products` and call
 these; a new curvature matrix is one new :class:`Products` (one constructor in
 :mod:`minigeo.operators`), and every estimator works on it.
 """
@@ -87,7 +87,7 @@ class EstimateInfo(NamedTuple):
     References
     ----------
     No formula from the source papers: the failure convention shared with ``SolveInfo``
-    and :class:`~minigeo.SharpnessResult`. Chapter 4.
+    and :class:`~minigeo.sharpness.SharpnessResult`. Chapter 4.
     """
 
     status: jax.Array
@@ -715,7 +715,7 @@ def _metric_square_root_rows(metric: Metric | None, params: PyTree, xi: jax.Arra
         return xi @ checked_dense_factor(metric, params, who).T
     raise GeometryError(
         f"{who}: the probes of an unbiased invariant density need a factor G = L L^T of the metric, which the "
-        f"matrix-free {metric.name} metric does not give. Pass mg.dense_metric(...) or mg.metrics.diagonal(...), "
+        f"matrix-free {metric.name} metric does not give. Pass mg.metrics.dense(...) or mg.metrics.diagonal(...), "
         "or pass probes= covectors drawn with covariance G (e.g. J^T xi for a GGN G = J^T J)."
     )
 

@@ -1,7 +1,7 @@
 r"""One status enumeration for every computation that can fail for numerical reasons (floor 1).
 
 Under ``jit`` nothing can be raised, so a solve (``SolveInfo``), a sharpness search
-(:class:`~minigeo.SharpnessResult`) and the randomized estimators (:class:`~minigeo.EstimateInfo`,
+(:class:`~minigeo.sharpness.SharpnessResult`) and the randomized estimators (:class:`~minigeo.curvature.EstimateInfo`,
 with ``return_info=True``) report a :class:`Status`; eagerly the same status raises a
 :class:`~minigeo.GeometryError` with its message (:func:`raise_for_status`), from the status the
 computation already produced, never by running it again.

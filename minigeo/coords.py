@@ -645,12 +645,12 @@ def transform_metric_field(phi: Reparametrization, metric: Metric | jax.Array | 
         The reparametrization :math:`\varphi`.
     metric : :class:`~minigeo.Metric`, array or None
         The metric field in θ-coordinates: a :class:`~minigeo.Metric` (e.g.
-        ``mg.dense_metric(lambda t: G(t))``), a constant square matrix, or ``None`` (Euclidean).
+        ``mg.metrics.dense(lambda t: G(t))``), a constant square matrix, or ``None`` (Euclidean).
 
     Returns
     -------
     :class:`~minigeo.Metric`
-        The field on ψ-coordinates.  For a dense metric (:func:`~minigeo.dense_metric`, a matrix,
+        The field on ψ-coordinates.  For a dense metric (:func:`~minigeo.metrics.dense`, a matrix,
         ``None``) a dense metric whose matrix is :math:`J^{-\top}(G(\theta) + \lambda I)J^{-1}`,
         with :math:`J^{-1}` by forward-mode autodiff of :math:`\varphi^{-1}`; otherwise matrix-free,
         ``mv(psi, u)`` :math:`= J^{-\top}(G(\theta) + \lambda I)J^{-1}u` by one ``jvp`` and one

@@ -220,7 +220,7 @@ def christoffel_symbols(metric: Metric | jax.Array | None, x: jax.Array) -> jax.
     Parameters
     ----------
     metric : :class:`~minigeo.Metric`, array or None
-        The metric field, e.g. ``mg.dense_metric(lambda x: G(x))`` with ``G(x)`` the dense
+        The metric field, e.g. ``mg.metrics.dense(lambda x: G(x))`` with ``G(x)`` the dense
         ``(d, d)`` metric at the coordinates ``x``; a constant square matrix; ``None`` (Euclidean:
         all symbols 0).
     x : array
@@ -242,7 +242,7 @@ def christoffel_symbols(metric: Metric | jax.Array | None, x: jax.Array) -> jax.
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> # the Euclidean metric in polar coordinates (r, angle)
-    >>> polar = mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])))
+    >>> polar = mg.metrics.dense(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])))
     >>> Gamma = mg.christoffel_symbols(polar, jnp.array([2.0, 0.3]))
     >>> float(Gamma[0, 1, 1]), float(Gamma[1, 0, 1])              # -r and 1/r
     (-2.0, 0.5)
@@ -303,7 +303,7 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric: Metric | jax
     f : callable
         The scalar function of the 1-D coordinates.
     metric : :class:`~minigeo.Metric`, array or None
-        The metric field (e.g. ``mg.dense_metric(lambda x: G(x))``) or a constant square matrix;
+        The metric field (e.g. ``mg.metrics.dense(lambda x: G(x))``) or a constant square matrix;
         ``None`` is the Euclidean metric of these coordinates (no Christoffel term).
     x : array
         The 1-D coordinates, of shape ``(d,)``.
@@ -324,7 +324,7 @@ def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric: Metric | jax
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> f = lambda p: p[0] * jnp.cos(p[1])   # the function x in polar coordinates
-    >>> polar = mg.dense_metric(lambda p: jnp.diag(jnp.array([1.0, p[0] ** 2])))
+    >>> polar = mg.metrics.dense(lambda p: jnp.diag(jnp.array([1.0, p[0] ** 2])))
     >>> H = mg.riemannian_hessian(f, polar, jnp.array([2.0, 0.3]))
     >>> bool(jnp.allclose(H, 0.0, atol=1e-6))   # x is linear: its Riemannian Hessian is 0
     True
@@ -362,7 +362,7 @@ def hessian_endomorphism(f: Callable[[jax.Array], jax.Array], metric: Metric | j
     f : callable
         The scalar function of the 1-D coordinates.
     metric : :class:`~minigeo.Metric`, array or None
-        The metric field (e.g. ``mg.dense_metric(lambda x: G(x))``) or a constant square matrix;
+        The metric field (e.g. ``mg.metrics.dense(lambda x: G(x))``) or a constant square matrix;
         ``None`` is the Euclidean metric (then :math:`E = H`).
     x : array
         The 1-D coordinates, of shape ``(d,)``.
@@ -599,7 +599,7 @@ def trace_estimate(
         fast-decaying spectrum).  XTrace's error estimate still underestimates when :math:`m` approaches
         the dimension (76-84 % at :math:`m = d/2`).
     return_info : bool, optional
-        Also return an :class:`~minigeo.EstimateInfo` (its :class:`~minigeo.Status`): the way to
+        Also return an :class:`~minigeo.curvature.EstimateInfo` (its :class:`~minigeo.Status`): the way to
         check the estimate under ``jit``, where nothing can be raised (a failed solve gives NaN).
     paths : optional
         The trace of the sub-block :math:`H_{SS}` on these leaves or sub-arrays (as in
@@ -686,7 +686,7 @@ def diagonal_estimate(
     method : {"hutchinson", "xdiag"}, optional
         The estimator.
     return_info : bool, optional
-        Also return an :class:`~minigeo.EstimateInfo`.
+        Also return an :class:`~minigeo.curvature.EstimateInfo`.
     paths : optional
         The diagonal of the sub-block on these leaves or sub-arrays only (as in
         :func:`~minigeo.top_eigenvalues`): pytrees structured like the block's dict ``{key: sub-array}``.
@@ -847,11 +847,11 @@ def top_eigenvalues(
         :math:`-E` (the same Krylov space, the same certificate); ``"both"``: ``(largest, smallest)``,
         two runs (twice the products).
     return_info : bool, optional
-        Also return an :class:`~minigeo.EstimateInfo`: ``status`` ``UNCERTIFIED`` when values are NaN
+        Also return an :class:`~minigeo.curvature.EstimateInfo`: ``status`` ``UNCERTIFIED`` when values are NaN
         for want of a certificate (under ``jit``), ``NON_FINITE`` for non-finite products or a failed
         solve; ``num_products`` the products with :math:`H`.
     return_vectors : bool, optional
-        Return :class:`~minigeo.Eigenpairs` ``(values, vectors)`` instead of the values: the
+        Return :class:`~minigeo.curvature.Eigenpairs` ``(values, vectors)`` instead of the values: the
         eigenvectors :math:`v_i` (:math:`Hv_i = \lambda_i G v_i`), pytrees like ``params`` stacked on
         a leading axis of length ``k``, :math:`G`-orthonormal (:math:`v_i^\top G v_j = \delta_{ij}`;
         Ritz vectors :math:`Y = Q^\top S` of the same run, no extra products).  Certified with the
@@ -862,14 +862,14 @@ def top_eigenvalues(
         Restrict :math:`H` to a block of the parameters (the principal sub-block :math:`H_{SS}`,
         every other entry fixed at ``params``): leaves as paths, e.g. ``[("blocks", "attn", "W_q")]``,
         or sub-arrays as ``(path, index)``, e.g. ``[(("blocks", "attn", "W_q"), (0, 2))]`` for layer
-        0, head 2 (see :meth:`~minigeo.CurvatureOperator.restrict`, the same code).  ``metric`` and the
+        0, head 2 (see :meth:`~minigeo.operators.CurvatureOperator.restrict`, the same code).  ``metric`` and the
         vectors then live on the restricted parameters, the dict ``{key: sub-array}``.
 
     Returns
     -------
     jax.Array or Eigenpairs
         The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated (``"smallest"``:
-        increasing; ``"both"``: a pair); :class:`~minigeo.Eigenpairs` with ``return_vectors`` (a pair
+        increasing; ``"both"``: a pair); :class:`~minigeo.curvature.Eigenpairs` with ``return_vectors`` (a pair
         of them for ``"both"``); ``(result, info)`` with ``return_info``.
 
     Raises
@@ -954,7 +954,7 @@ def spectral_density(
     density of the plain Hessian (``metric=None``) changes with the chart.
 
     **Metric.**  ``None``, a diagonal metric (``mg.metrics.diagonal``) or a dense one
-    (``mg.dense_metric``, Cholesky-factored at ``params``) draw the probes; for a matrix-free metric
+    (``mg.metrics.dense``, Cholesky-factored at ``params``) draw the probes; for a matrix-free metric
     pass ``probes=`` covectors with covariance :math:`G` (e.g. :math:`J^\top\xi` for a GGN
     :math:`J^\top J`).  Solves with :math:`G` are by conjugate gradients (``tol``, ``maxiter``) except
     for a diagonal metric.
@@ -981,7 +981,7 @@ def spectral_density(
     tol, maxiter : optional
         Tolerance and iteration cap of the conjugate-gradient solves with a non-diagonal metric.
     return_info : bool, optional
-        Also return an :class:`~minigeo.EstimateInfo` (``NON_FINITE`` if a product or solve failed).
+        Also return an :class:`~minigeo.curvature.EstimateInfo` (``NON_FINITE`` if a product or solve failed).
     paths : optional
         The density of the sub-block :math:`H_{SS}` on these leaves or sub-arrays (as in
         :func:`~minigeo.top_eigenvalues`); ``metric`` and ``probes`` then live on the block.

@@ -116,7 +116,7 @@ def log_volume_element(metric: Metric | jax.Array, x: PyTree) -> jax.Array:
     Parameters
     ----------
     metric : :class:`~minigeo.Metric` or array
-        The metric field, e.g. ``mg.dense_metric(lambda x: G(x))`` (flattened coordinates), or a
+        The metric field, e.g. ``mg.metrics.dense(lambda x: G(x))`` (flattened coordinates), or a
         constant square matrix.
     x : array or pytree
         The point.
@@ -135,7 +135,7 @@ def log_volume_element(metric: Metric | jax.Array, x: PyTree) -> jax.Array:
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> polar = mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])))
+    >>> polar = mg.metrics.dense(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2])))
     >>> round(float(mg.log_volume_element(polar, jnp.array([3.0, 0.2]))), 6)
     1.098612
 
@@ -169,7 +169,7 @@ def log_density_wrt_volume(
     log_q : callable
         :math:`\theta \mapsto \log q(\theta)`, a log density w.r.t. Lebesgue measure.
     metric : :class:`~minigeo.Metric` or array
-        The metric field, e.g. ``mg.dense_metric(lambda x: G(x))`` (flattened coordinates), or a
+        The metric field, e.g. ``mg.metrics.dense(lambda x: G(x))`` (flattened coordinates), or a
         constant square matrix.
 
     Returns
@@ -183,7 +183,7 @@ def log_density_wrt_volume(
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> # the Bernoulli Fisher metric
-    >>> fisher = mg.dense_metric(lambda t: jnp.array([[1.0 / (t[0] * (1 - t[0]))]]))
+    >>> fisher = mg.metrics.dense(lambda t: jnp.array([[1.0 / (t[0] * (1 - t[0]))]]))
     >>> jeffreys = lambda t: -0.5 * jnp.log(t[0] * (1 - t[0])) - jnp.log(jnp.pi)
     >>> log_p = mg.log_density_wrt_volume(jeffreys, fisher)
     >>> round(float(log_p(jnp.array([0.3]))), 6)   # uniform: 1 / pi
@@ -234,7 +234,7 @@ def logdet_slq(
     dtype : dtype, optional
         Probe dtype (default: JAX's default float).
     return_info : bool, optional
-        Also return an :class:`~minigeo.EstimateInfo`: ``status`` ``NOT_POSITIVE_DEFINITE`` (the
+        Also return an :class:`~minigeo.curvature.EstimateInfo`: ``status`` ``NOT_POSITIVE_DEFINITE`` (the
         estimate is NaN under ``jit``) or ``NON_FINITE``; ``num_products`` the products used.
 
     Returns
@@ -271,11 +271,11 @@ def logdet_slq(
     >>> import minigeo as mg
     >>> A = jnp.diag(jnp.arange(1.0, 6.0))
     >>> key = jax.random.PRNGKey(0)
-    >>> est, se = mg.logdet_slq(lambda v: A @ v, 5, key, num_iterations=5)
+    >>> est, se = mg.densities.logdet_slq(lambda v: A @ v, 5, key, num_iterations=5)
     >>> # exact with Rademacher probes, diagonal A
     >>> round(float(est), 3), round(float(jnp.log(120.0)), 3)
     (4.787, 4.787)
-    >>> est, se = mg.logdet_slq(lambda v: 3.0 * v, 10, key)   # 3 I: exactly 10 log 3
+    >>> est, se = mg.densities.logdet_slq(lambda v: 3.0 * v, 10, key)   # 3 I: exactly 10 log 3
     >>> round(float(est), 4), round(10 * float(jnp.log(3.0)), 4)
     (10.9861, 10.9861)
 
@@ -374,14 +374,14 @@ def laplace_log_marginal_likelihood(
         Added to the diagonal of the curvature (the Hessian of an isotropic Gaussian
         prior when ``curvature`` is a GGN of the likelihood alone).
     metric : :class:`~minigeo.Metric` or array, optional
-        A metric field (e.g. ``mg.dense_metric(lambda p: G(p))``, flattened coordinates) or a
+        A metric field (e.g. ``mg.metrics.dense(lambda p: G(p))``, flattened coordinates) or a
         constant square matrix: evaluate the evidence w.r.t. the Riemannian
         volume form :math:`dV_G`, i.e. use :math:`\log\det(G^{-1}H)`.  With the metric
         transformed along with the parameters, the result is reparametrization-invariant.
-    reparametrization : :class:`~minigeo.Reparametrization` or :class:`~minigeo.WeightNorm`, optional
+    reparametrization : :class:`~minigeo.Reparametrization` or :class:`~minigeo.densities.WeightNorm`, optional
         If ``params`` are coordinates :math:`\psi` of a model whose original coordinates
         are :math:`\theta`, given as a :class:`~minigeo.Reparametrization`
-        (:math:`\theta \mapsto \psi`) or a :class:`~minigeo.WeightNorm`, the evidence is computed in
+        (:math:`\theta \mapsto \psi`) or a :class:`~minigeo.densities.WeightNorm`, the evidence is computed in
         :math:`\theta` (Kristiadi et al. 2023, App. B.2): the curvature is the :math:`\theta`-one,
         whatever the number of :math:`\psi` coordinates.
     method : {"dense", "slq"}, optional
@@ -390,13 +390,13 @@ def laplace_log_marginal_likelihood(
     key : jax.Array, optional
         PRNG key for ``method="slq"``.
     num_probes, num_iterations : int, optional
-        Passed to :func:`~minigeo.logdet_slq` (``method="slq"`` only).
+        Passed to :func:`~minigeo.densities.logdet_slq` (``method="slq"`` only).
     max_size : int, optional
         Largest number of parameters for which a dense curvature is formed.
 
     Returns
     -------
-    :class:`~minigeo.LaplaceEvidence`
+    :class:`~minigeo.densities.LaplaceEvidence`
         ``log_z`` and its parts.
 
     Raises
@@ -633,7 +633,7 @@ def laplace_posterior(
 
     Returns
     -------
-    :class:`~minigeo.LaplacePosterior`
+    :class:`~minigeo.densities.LaplacePosterior`
         Mean, precision and its Cholesky factor; ``covariance()``, ``marginal_variance()``, ``sample()``.
 
     Raises
@@ -719,14 +719,14 @@ def glm_predictive(model_fn: Callable[[PyTree, Any], jax.Array], posterior: Lapl
     model_fn : callable
         ``model_fn(params, inputs)`` returning one output per example, shape ``(N,)`` or ``(N, K)``.
         Examples must not interact (no batch statistics): each is linearized on its own.
-    posterior : :class:`~minigeo.LaplacePosterior`
+    posterior : :class:`~minigeo.densities.LaplacePosterior`
         From :func:`~minigeo.laplace_posterior`.
     inputs : array or pytree
         The inputs, with the examples on the leading axis of every leaf.
 
     Returns
     -------
-    :class:`~minigeo.GLMPredictive`
+    :class:`~minigeo.densities.GLMPredictive`
         ``mean`` and ``covariance`` per example.
 
     Raises
@@ -855,7 +855,7 @@ def optimize_prior_precision(
 
     Returns
     -------
-    :class:`~minigeo.PriorPrecision`
+    :class:`~minigeo.densities.PriorPrecision`
         :math:`\alpha`, the log evidence there, :math:`\gamma`, the iterations and a status.
 
     Raises
@@ -1028,7 +1028,7 @@ class WeightNorm(NamedTuple):
 
 
 def weight_norm(keys: Union[str, Sequence[str]]) -> WeightNorm:
-    r"""A :class:`~minigeo.WeightNorm` for the given top-level keys of a parameter dict.
+    r"""A :class:`~minigeo.densities.WeightNorm` for the given top-level keys of a parameter dict.
 
     .. math:: W = r\,\eta/\lVert\eta\rVert\quad\text{for each listed weight } W.
 
@@ -1039,7 +1039,7 @@ def weight_norm(keys: Union[str, Sequence[str]]) -> WeightNorm:
 
     Returns
     -------
-    :class:`~minigeo.WeightNorm`
+    :class:`~minigeo.densities.WeightNorm`
         With ``split`` (:math:`\theta \to \psi`) and ``merge`` (:math:`\psi \to \theta`).
 
     Raises

@@ -651,7 +651,7 @@ def ggn_diagonal(
     >>> import minigeo as mg
     >>> X = jnp.array([[1.0, 0.0], [1.0, 1.0]])
     >>> loss = lambda z: 0.5 * jnp.sum(z**2)
-    >>> mg.ggn_diagonal(lambda w: X @ w, loss, jnp.zeros(2))  # diag(X^T X)
+    >>> mg.metrics.ggn_diagonal(lambda w: X @ w, loss, jnp.zeros(2))  # diag(X^T X)
     Array([2., 1.], dtype=float32)
 
     References
@@ -733,7 +733,7 @@ def fisher_diagonal(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> d = mg.fisher_diagonal(lambda w: w[None, :], jnp.zeros(2))
+    >>> d = mg.metrics.fisher_diagonal(lambda w: w[None, :], jnp.zeros(2))
     >>> d.round(6)  # p - p^2 at p = (1/2, 1/2)
     Array([0.25, 0.25], dtype=float32)
 
@@ -815,7 +815,7 @@ def empirical_fisher_diagonal(
     >>> import minigeo as mg
     >>> X, y = jnp.array([[1.0], [2.0]]), jnp.array([1.0, 1.0])
     >>> loss = lambda z: 0.5 * (z - y) ** 2
-    >>> mg.empirical_fisher_diagonal(lambda w: X @ w, loss, jnp.zeros(1))  # (1 + 4) / 2
+    >>> mg.metrics.empirical_fisher_diagonal(lambda w: X @ w, loss, jnp.zeros(1))  # (1 + 4) / 2
     Array([2.5], dtype=float32)
 
     References

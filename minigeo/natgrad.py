@@ -76,7 +76,7 @@ def gram_matrix(
         :math:`\mathcal Z` (array or pytree, flattened for the metric).
     metric : :class:`~minigeo.Metric`, array or None
         The metric :math:`g` on :math:`\mathcal Z`: a :class:`~minigeo.Metric` (e.g.
-        ``mg.dense_metric(lambda z: g(z))``), a constant square matrix, or ``None`` (Euclidean).
+        ``mg.metrics.dense(lambda z: g(z))``), a constant square matrix, or ``None`` (Euclidean).
     xi : pytree
         The parameters.
     max_size : int, optional

@@ -75,7 +75,7 @@ class Batches(Sequence):
 
     No formula: batch :math:`i` holds examples ``i * batch_size`` to ``(i + 1) * batch_size - 1``.
 
-    Every batch it makes satisfies the example-count rule of :class:`~minigeo.CurvatureOperator`
+    Every batch it makes satisfies the example-count rule of :class:`~minigeo.operators.CurvatureOperator`
     (every leaf has the example axis first, and they agree), and it has a length, so every pass
     over it is finite.  :meth:`stacked` gives the stacked form the sharpness functions take.
 
@@ -106,7 +106,7 @@ class Batches(Sequence):
 
     References
     ----------
-    No formula from the source papers: the data side of :class:`~minigeo.CurvatureOperator`.
+    No formula from the source papers: the data side of :class:`~minigeo.operators.CurvatureOperator`.
     Taught in chapter 4, *Invariant Hessians*.
     """
 
@@ -157,7 +157,7 @@ class Batches(Sequence):
 
 
 def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -> Batches:
-    r"""Cut an in-memory dataset into consecutive batches (see :class:`~minigeo.Batches`).
+    r"""Cut an in-memory dataset into consecutive batches (see :class:`~minigeo.operators.Batches`).
 
     No formula: batch :math:`i` holds examples ``i * batch_size`` to ``(i + 1) * batch_size - 1``.
 
@@ -174,7 +174,7 @@ def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -
 
     Returns
     -------
-    :class:`~minigeo.Batches`
+    :class:`~minigeo.operators.Batches`
         A re-iterable sequence of batches (pytrees like ``data``) with a length, so that every pass over
         it is finite; ``.stacked()`` gives the stacked form of the sharpness functions.
 
@@ -192,7 +192,7 @@ def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -
 
     References
     ----------
-    No formula from the source papers: the data side of :class:`~minigeo.CurvatureOperator`.
+    No formula from the source papers: the data side of :class:`~minigeo.operators.CurvatureOperator`.
     Taught in chapter 4, *Invariant Hessians*.
     """
     return Batches(data, batch_size, drop_remainder)
@@ -443,7 +443,7 @@ class CurvatureOperator:
 
         Returns
         -------
-        :class:`~minigeo.CurvatureOperator`
+        :class:`~minigeo.operators.CurvatureOperator`
             A new operator; this one is unchanged.
 
         Raises
@@ -669,7 +669,7 @@ class CurvatureOperator:
             leave-one-out estimates) and are widened by the Student-t factor for that count, so that
             ``est +- 2 se`` is a 95 % interval at small budgets too.
         return_info : bool, optional
-            Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
+            Also return an :class:`~minigeo.curvature.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
 
         Returns
         -------
@@ -759,7 +759,7 @@ class CurvatureOperator:
         method : {"hutchinson", "xdiag"}, optional
             As in :func:`~minigeo.diagonal_estimate`.
         return_info : bool, optional
-            Also return an :class:`~minigeo.EstimateInfo`.
+            Also return an :class:`~minigeo.curvature.EstimateInfo`.
 
         Returns
         -------
@@ -823,7 +823,7 @@ class CurvatureOperator:
 
         Returns
         -------
-        :class:`~minigeo.CurvatureOperator`
+        :class:`~minigeo.operators.CurvatureOperator`
             Its ``params`` is the dict ``{key: sub-array}`` of the kept entries (a pytree), ``key`` the
             path, or ``path + (index,)`` for a sub-array.
 
@@ -925,9 +925,9 @@ class CurvatureOperator:
             As in :func:`~minigeo.top_eigenvalues`: ``"smallest"`` in increasing order, ``"both"`` a
             pair ``(largest, smallest)`` from two runs.
         return_info : bool, optional
-            Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
+            Also return an :class:`~minigeo.curvature.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
         return_vectors : bool, optional
-            Return :class:`~minigeo.Eigenpairs` ``(values, vectors)``: the eigenvectors as pytrees like
+            Return :class:`~minigeo.curvature.Eigenpairs` ``(values, vectors)``: the eigenvectors as pytrees like
             ``params`` stacked on a leading axis ``k``, :math:`G`-orthonormal, certified with the values
             (as in :func:`~minigeo.top_eigenvalues`).
 
@@ -935,7 +935,7 @@ class CurvatureOperator:
         -------
         jax.Array or Eigenpairs
             The ``k`` largest eigenvalues, in decreasing order, repeated ones repeated (see ``which``);
-            with ``return_vectors``, :class:`~minigeo.Eigenpairs` (a pair of them for ``"both"``).
+            with ``return_vectors``, :class:`~minigeo.curvature.Eigenpairs` (a pair of them for ``"both"``).
 
         Raises
         ------
@@ -1016,7 +1016,7 @@ class CurvatureOperator:
         max_batches : int, optional
             Use at most this many batches per pass (required for batches without a length).
         return_info : bool, optional
-            Also return an :class:`~minigeo.EstimateInfo`.
+            Also return an :class:`~minigeo.curvature.EstimateInfo`.
 
         Returns
         -------
@@ -1089,7 +1089,7 @@ class CurvatureOperator:
 
         .. math:: \log\det(M + \lambda I) = \mathbb E_z\big[z^\top\log(M + \lambda I)\,z\big].
 
-        The estimator of :func:`~minigeo.logdet_slq` (the same Rademacher probes and restart
+        The estimator of :func:`~minigeo.densities.logdet_slq` (the same Rademacher probes and restart
         vectors for the same key, so on one batch both agree to rounding), with the
         offloaded Lanczos: ``num_probes x num_iterations`` passes over the data.
 
@@ -1110,7 +1110,7 @@ class CurvatureOperator:
         max_batches : int, optional
             Use at most this many batches per pass (required for batches without a length).
         return_info : bool, optional
-            Also return an :class:`~minigeo.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
+            Also return an :class:`~minigeo.curvature.EstimateInfo` (a :class:`~minigeo.Status` and the products used).
 
         Returns
         -------
@@ -1186,11 +1186,11 @@ def hessian_operator(
         The point.
     examples : callable, optional
         ``examples(batch) -> int``, the number of examples of a batch (see
-        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
+        :class:`~minigeo.operators.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
-    :class:`~minigeo.CurvatureOperator`
+    :class:`~minigeo.operators.CurvatureOperator`
         Products by forward-over-reverse differentiation (:func:`~minigeo.hvp`), one batch at a time.
 
     Raises
@@ -1236,11 +1236,11 @@ def ggn_operator(
         The point.
     examples : callable, optional
         ``examples(batch) -> int``, the number of examples of a batch (see
-        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
+        :class:`~minigeo.operators.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
-    :class:`~minigeo.CurvatureOperator`
+    :class:`~minigeo.operators.CurvatureOperator`
         Batches are pairs ``(inputs, targets)``; products as :func:`~minigeo.ggn`.
 
     Raises
@@ -1294,11 +1294,11 @@ def fisher_operator(
         The predictive distribution.
     examples : callable, optional
         ``examples(batch) -> int``, the number of examples of a batch (see
-        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
+        :class:`~minigeo.operators.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
-    :class:`~minigeo.CurvatureOperator`
+    :class:`~minigeo.operators.CurvatureOperator`
         Products as :func:`~minigeo.fisher`, one batch at a time.
 
     Raises
@@ -1349,11 +1349,11 @@ def empirical_fisher_operator(
         The point.
     examples : callable, optional
         ``examples(batch) -> int``, the number of examples of a batch (see
-        :class:`~minigeo.CurvatureOperator`); by default the leading axis that every leaf shares.
+        :class:`~minigeo.operators.CurvatureOperator`); by default the leading axis that every leaf shares.
 
     Returns
     -------
-    :class:`~minigeo.CurvatureOperator`
+    :class:`~minigeo.operators.CurvatureOperator`
         Products as :func:`~minigeo.empirical_fisher`, one batch at a time.
 
     Raises

@@ -47,7 +47,7 @@ def data_parallel_mesh(devices: Sequence[jax.Device] | None = None) -> Mesh:
     Examples
     --------
     >>> import minigeo as mg
-    >>> mg.data_parallel_mesh().axis_names
+    >>> mg.parallel.data_parallel_mesh().axis_names
     ('data',)
 
     References
@@ -91,7 +91,7 @@ def shard_batch(batch: PyTree, mesh: Mesh | None = None, *, axis: int = 0) -> Py
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> x = mg.shard_batch(jnp.ones((4, 3)))
+    >>> x = mg.parallel.shard_batch(jnp.ones((4, 3)))
     >>> x.shape, x.sharding.spec
     ((4, 3), P('data',))
 
@@ -137,7 +137,7 @@ def replicate(tree: PyTree, mesh: Mesh | None = None) -> PyTree:
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> mg.replicate({"w": jnp.ones(3)})["w"].sharding.spec
+    >>> mg.parallel.replicate({"w": jnp.ones(3)})["w"].sharding.spec
     P()
 
     References

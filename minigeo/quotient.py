@@ -221,7 +221,7 @@ def gl_metric(point: Pair, eta: Pair, zeta: Pair, *, eps: float = 0.0, kind: str
     >>> import minigeo as mg
     >>> G, H = 2 * jnp.eye(2), jnp.eye(2)
     >>> xi = (jnp.eye(2), jnp.zeros((2, 2)))
-    >>> float(mg.gl_metric((G, H), xi, xi))   # Tr(I/4)
+    >>> float(mg.quotient.gl_metric((G, H), xi, xi))   # Tr(I/4)
     0.5
 
     References
@@ -275,7 +275,7 @@ def vertical_vector(point: Pair, omega: jax.Array) -> Pair:
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> point = (jnp.eye(2), jnp.ones((3, 2)))
-    >>> vG, vH = mg.vertical_vector(point, jnp.array([[0.0, 1.0], [0.0, 0.0]]))
+    >>> vG, vH = mg.quotient.vertical_vector(point, jnp.array([[0.0, 1.0], [0.0, 0.0]]))
     >>> (vG @ jnp.ones((3, 2)).T + jnp.eye(2) @ vH.T).round(6)   # d(G H^T) = 0
     Array([[0., 0., 0.],
            [0., 0., 0.]], dtype=float32)
@@ -338,9 +338,9 @@ def horizontal_projection(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     >>> import minigeo as mg
     >>> G = jnp.array([[1.0, 0.0], [0.0, 2.0], [1.0, 1.0]])
     >>> point = (G, jnp.array([[1.0, 1.0], [0.0, 1.0]]))
-    >>> xi = mg.vertical_vector(point, jnp.array([[0.3, -1.0], [0.5, 0.2]]))
+    >>> xi = mg.quotient.vertical_vector(point, jnp.array([[0.3, -1.0], [0.5, 0.2]]))
     >>> # a vertical vector projects to 0
-    >>> [float(jnp.abs(x).max()) < 1e-5 for x in mg.horizontal_projection(point, xi)]
+    >>> [float(jnp.abs(x).max()) < 1e-5 for x in mg.quotient.horizontal_projection(point, xi)]
     [True, True]
 
     References
@@ -386,7 +386,8 @@ def riemannian_gradient(point: Pair, egrad: Pair, *, eps: float = 0.0) -> Pair:
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> mg.riemannian_gradient((2 * jnp.eye(2), jnp.eye(2)), (jnp.eye(2), jnp.eye(2)))[0]
+    >>> point, egrad = (2 * jnp.eye(2), jnp.eye(2)), (jnp.eye(2), jnp.eye(2))
+    >>> mg.quotient.riemannian_gradient(point, egrad)[0]
     Array([[4., 0.],
            [0., 4.]], dtype=float32)
 
@@ -437,7 +438,7 @@ def christoffel_quadratic(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     >>> import minigeo as mg
     >>> point = (jnp.array([[2.0]]), jnp.array([[1.0]]))
     >>> xi = (jnp.array([[1.0]]), jnp.zeros((1, 1)))
-    >>> [x.round(4).tolist() for x in mg.christoffel_quadratic(point, xi)]
+    >>> [x.round(4).tolist() for x in mg.quotient.christoffel_quadratic(point, xi)]
     [[[-0.5]], [[0.0]]]
 
     References
@@ -481,7 +482,7 @@ def geodesic_step(point: Pair, xi: Pair, *, eps: float = 0.0) -> Pair:
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> point = (jnp.array([[2.0]]), jnp.array([[1.0]]))
-    >>> G1, H1 = mg.geodesic_step(point, (jnp.array([[1.0]]), jnp.zeros((1, 1))))
+    >>> G1, H1 = mg.quotient.geodesic_step(point, (jnp.array([[1.0]]), jnp.zeros((1, 1))))
     >>> round(float(G1[0, 0]), 4)   # exact geodesic 2 exp(1/2) = 3.2974
     3.25
 
@@ -549,7 +550,7 @@ def gl1_metric(point: Pair, eta: Pair, zeta: Pair) -> jax.Array:
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> u = (jnp.array([2.0]), jnp.array([1.0]))
-    >>> float(mg.gl1_metric(u, u, u))
+    >>> float(mg.quotient.gl1_metric(u, u, u))
     2.0
 
     References
@@ -590,7 +591,7 @@ def gl1_horizontal_projection(point: Pair, xi: Pair) -> Pair:
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> point = (jnp.array([1.0]), jnp.array([1.0]))
-    >>> mg.gl1_horizontal_projection(point, (jnp.array([1.0]), jnp.array([-1.0])))
+    >>> mg.quotient.gl1_horizontal_projection(point, (jnp.array([1.0]), jnp.array([-1.0])))
     (Array([0.], dtype=float32), Array([0.], dtype=float32))
 
     References
@@ -631,7 +632,7 @@ def gl1_geodesic(point: Pair, xi: Pair, t: float = 1.0) -> Pair:
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> point = (jnp.array([2.0]), jnp.array([1.0]))
-    >>> u1, _ = mg.gl1_geodesic(point, (jnp.array([1.0]), jnp.array([0.0])))
+    >>> u1, _ = mg.quotient.gl1_geodesic(point, (jnp.array([1.0]), jnp.array([0.0])))
     >>> round(float(u1[0]), 4)
     3.2974
 

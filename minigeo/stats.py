@@ -51,7 +51,7 @@ def kendall_tau(x: Sequence[float], y: Sequence[float]) -> float:
     Examples
     --------
     >>> import minigeo as mg
-    >>> round(mg.kendall_tau([1, 2, 3, 4], [10, 20, 40, 30]), 6)
+    >>> round(mg.stats.kendall_tau([1, 2, 3, 4], [10, 20, 40, 30]), 6)
     0.666667
 
     References
@@ -90,7 +90,7 @@ class RankCorrelation(NamedTuple):
     Examples
     --------
     >>> import minigeo as mg
-    >>> print(mg.kendall_tau_ci([1, 2, 3, 4, 5, 6], [1, 3, 2, 4, 6, 5], n_resamples=500))
+    >>> print(mg.stats.kendall_tau_ci([1, 2, 3, 4, 5, 6], [1, 3, 2, 4, 6, 5], n_resamples=500))
     +0.73 [+0.11, +1.00] (95 % CI), p = 0.052, n = 6
 
     References
@@ -223,7 +223,7 @@ def kendall_tau_ci(
     Examples
     --------
     >>> import minigeo as mg
-    >>> r = mg.kendall_tau_ci([1, 2, 3, 4, 5, 6, 7, 8], [2, 1, 4, 3, 6, 5, 8, 7])
+    >>> r = mg.stats.kendall_tau_ci([1, 2, 3, 4, 5, 6, 7, 8], [2, 1, 4, 3, 6, 5, 8, 7])
     >>> round(r.tau, 4), r.ci_low < r.tau < r.ci_high, r.p_value < 0.05
     (0.7143, True, True)
 
@@ -291,7 +291,7 @@ def kendall_tau_difference_ci(
     --------
     >>> import minigeo as mg
     >>> y = [1, 2, 3, 4, 5, 6, 7, 8]
-    >>> d = mg.kendall_tau_difference_ci(y, y[::-1], y)
+    >>> d = mg.stats.kendall_tau_difference_ci(y, y[::-1], y)
     >>> round(d.tau, 4), round(d.ci_low, 4), round(d.ci_high, 4)
     (2.0, 2.0, 2.0)
 

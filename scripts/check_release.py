@@ -43,6 +43,7 @@ from minigeo import assignments, models, reparam
 assert "site-packages" in minigeo.__file__, minigeo.__file__
 assert minigeo.__version__ == sys.argv[1], (minigeo.__version__, sys.argv[1])
 names = [f"minigeo.{n}" for n in minigeo.__all__]
+names += [f"minigeo.{m}.{n}" for m, ns in minigeo.IN_NAMESPACE.items() for n in ns]
 names += [f"minigeo.models.{n}" for n in models.__all__]
 names += [f"minigeo.reparam.{n}" for n in reparam.__all__]
 names += [f"minigeo.assignments.{n}" for n in assignments.__all__]

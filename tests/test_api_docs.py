@@ -38,6 +38,9 @@ def public_objects() -> dict[str, object]:
         if inspect.ismodule(obj) or name == "__version__":
             continue
         objs[f"minigeo.{name}"] = obj
+    for module, names in mg.IN_NAMESPACE.items():  # reached as mg.<module>.<name> only (issue 53)
+        for name in names:
+            objs[f"minigeo.{module}.{name}"] = getattr(getattr(mg, module), name)
     for mod in (mm, reparam, assignments):
         for name in mod.__all__:
             objs[f"{mod.__name__}.{name}"] = getattr(mod, name)

@@ -98,7 +98,7 @@ CASES = {
         [(lambda G, H, W: (G @ W, H @ W.T), "G H^T is constant"), (lambda G, H, W: (-G @ W, H @ W), "G H^T")],
     ),
     "check_quotient_metric": (
-        lambda G, H, e, z: mg.gl_metric((G, H), e, z),
+        lambda G, H, e, z: mg.quotient.gl_metric((G, H), e, z),
         [(lambda G, H, e, z: jnp.vdot(e[0], z[0]) + jnp.vdot(e[1], z[1]), "metric (15)")],
     ),
     "check_horizontal_projection": (

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import json
 import re
 from pathlib import Path
@@ -157,6 +158,11 @@ def test_notebook_uses_only_public_minigeo_names(nb):
     source = "\n".join("".join(c["source"]) for c in code_cells(nb))
     used = set(re.findall(r"\bmg\.([A-Za-z_]\w*)", source))
     assert used <= public, f"{nb.name}: uses non-public names {sorted(used - public)}"
+    # a namespace's names: its module's public names (mg.quotient.gl_metric, mg.curvature.Eigenpairs)
+    for module, name in re.findall(r"\bmg\.([A-Za-z_]\w*)\.([A-Za-z_]\w*)", source):
+        namespace = getattr(minigeo, module)
+        if inspect.ismodule(namespace) and module not in ("models", "assignments", "reparam"):
+            assert name in namespace.__all__, f"{nb.name}: mg.{module}.{name} is not public"
     assert not re.search(r"minigeo\._", source), f"{nb.name}: imports a private minigeo module"
 
 

@@ -71,7 +71,7 @@ def test_study_runs_to_its_verdicts_with_a_second_seed_set():
     h1, refused, spread = cs.h1_verdict(orb, np.stack([o["status"] for o in orbit]))
     assert h1 in ("supported", "not supported") or h1.startswith("not established")
     assert np.all(spread["geodesic"] < 1.01)
-    taus = [cs.mg.kendall_tau(sharp[c]["geodesic"], stats[c]["gap"]) for c in clusters]
+    taus = [cs.mg.stats.kendall_tau(sharp[c]["geodesic"], stats[c]["gap"]) for c in clusters]
     assert cs.verdict(taus, [p for p, _ in clusters]) in (
         "not established", "supported, positive", "supported, negative (the paper's sign)"
     )

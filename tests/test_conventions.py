@@ -67,28 +67,28 @@ def test_every_field_function_refuses_what_it_would_have_to_guess(name, bad, say
     with pytest.raises(mg.GeometryError) as err:
         _field_calls(bad)[name]()
     message = str(err.value)
-    assert says in message and "mg.dense_metric(lambda x: G(x))" in message and "mg.metrics.diagonal(w)" in message
+    assert says in message and "mg.metrics.dense(lambda x: G(x))" in message and "mg.metrics.diagonal(w)" in message
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_metric_matrix_and_dense_metric_agree_with_the_closed_form(dtype):
     # polar coordinates of the Euclidean plane: Gamma^r_aa = -r, Gamma^a_ra = 1/r, log sqrt det G = log r
     x = jnp.array([2.0, 0.3], dtype=dtype)
-    polar = mg.dense_metric(_polar_matrix)
+    polar = mg.metrics.dense(_polar_matrix)
     Gamma = mg.christoffel_symbols(polar, x)
     eps = float(jnp.finfo(dtype).eps)
     np.testing.assert_allclose(Gamma[0, 1, 1], -2.0, rtol=10 * eps)
     np.testing.assert_allclose(Gamma[1, 0, 1], 0.5, rtol=10 * eps)
     np.testing.assert_allclose(mg.log_volume_element(polar, x), np.log(2.0), rtol=10 * eps)
     # the same field built by transforming the Euclidean metric (None, a matrix, a Metric): one answer
-    for euclid in (None, jnp.eye(2, dtype=dtype), mg.euclidean(), mg.dense_metric(jnp.eye(2, dtype=dtype))):
+    for euclid in (None, jnp.eye(2, dtype=dtype), mg.euclidean(), mg.metrics.dense(jnp.eye(2, dtype=dtype))):
         moved = mg.transform_metric_field(mg.reparam.polar(), euclid)
         assert isinstance(moved, mg.Metric)
         np.testing.assert_allclose(moved.dense(x), _polar_matrix(x), rtol=100 * eps, atol=100 * eps)
         np.testing.assert_allclose(mg.christoffel_symbols(moved, x), Gamma, rtol=1e3 * eps, atol=1e3 * eps)
     # a constant matrix is the constant field: no Christoffel term, so the Riemannian Hessian is the Hessian
     f = lambda q: jnp.sum(jnp.sin(q) * q)
-    for constant in (None, 3.0 * jnp.eye(2, dtype=dtype), mg.dense_metric(3.0 * jnp.eye(2, dtype=dtype))):
+    for constant in (None, 3.0 * jnp.eye(2, dtype=dtype), mg.metrics.dense(3.0 * jnp.eye(2, dtype=dtype))):
         np.testing.assert_allclose(mg.riemannian_hessian(f, constant, x), mg.hessian(f, x), rtol=10 * eps)
         assert float(jnp.max(jnp.abs(mg.christoffel_symbols(constant, x)))) == 0.0
 
@@ -124,7 +124,7 @@ def test_bare_callables_keep_their_one_meaning_in_the_pointwise_rules():
     # at one point a bare callable is a linear map v -> G v: the same answer as the matrix and the Metric
     G = jnp.array([[2.0, 0.5], [0.5, 1.0]])
     v, w = jnp.array([1.0, -2.0]), jnp.array([0.3, 0.7])
-    as_map, as_metric = (lambda u: G @ u), mg.dense_metric(G)
+    as_map, as_metric = (lambda u: G @ u), mg.metrics.dense(G)
     theta = jnp.array([0.4, 1.3])
     for form, kw in ((G, {}), (as_map, {}), (as_metric, {"at": theta})):
         np.testing.assert_allclose(mg.inner(form, v, w, **kw), v @ G @ w, rtol=1e-12)
@@ -137,7 +137,7 @@ def test_pullback_takes_a_metric_on_the_outputs():
     w = jnp.array([1.0, 2.0])
     J = jax.jacfwd(f)(w)
     M = jnp.array([[3.0, 1.0], [1.0, 2.0]])
-    for out in (M, mg.dense_metric(M), mg.Metric(lambda z, u: M @ u)):
+    for out in (M, mg.metrics.dense(M), mg.Metric(lambda z, u: M @ u)):
         np.testing.assert_allclose(mg.pullback(f, out).dense(w), J.T @ M @ J, rtol=1e-12)
     np.testing.assert_allclose(mg.pullback(f, None).dense(w), J.T @ J, rtol=1e-12)
 
@@ -251,7 +251,7 @@ def test_estimators_report_a_status_under_jit_and_raise_it_eagerly(dtype):
         mg.top_eigenvalues(f, x0, key, k=3, num_iterations=3, block_size=1)
     # an SLQ log-determinant of an indefinite operator
     diag = jnp.arange(-1.0, 5.0, dtype=dtype)
-    est, _, info = jax.jit(lambda k: mg.logdet_slq(lambda v: diag * v, 6, k, dtype=dtype, return_info=True))(key)
+    est, _, info = jax.jit(lambda k: mg.densities.logdet_slq(lambda v: diag * v, 6, k, dtype=dtype, return_info=True))(key)
     assert np.isnan(float(est)) and int(info.status) == mg.Status.NOT_POSITIVE_DEFINITE
     # and success: OK, with the products counted
     est, _, info = mg.trace_estimate(f, x0, key, num_probes=7, return_info=True)
@@ -279,7 +279,7 @@ def test_functions_and_operator_methods_are_one_implementation(dtype):
         np.testing.assert_allclose(o_top, f_top, rtol=1e-2)
     H = mg.hessian(loss, w, batch=batch)
     shift = 1.0 - float(jnp.min(jnp.linalg.eigvalsh(H)))  # H + shift I is positive definite
-    f_ld, _ = mg.logdet_slq(lambda v: H @ v + shift * v, w.size, key, num_iterations=w.size, dtype=dtype)
+    f_ld, _ = mg.densities.logdet_slq(lambda v: H @ v + shift * v, w.size, key, num_iterations=w.size, dtype=dtype)
     o_ld, _ = op.logdet_slq(key, [batch], damping=shift, num_iterations=w.size)
     exact = float(np.linalg.slogdet(np.asarray(H, np.float64) + shift * np.eye(w.size))[1])
     for ld in (f_ld, o_ld):

@@ -180,7 +180,7 @@ def test_metric_field_polar_closed_form():
     theta = jnp.array([0.4, 1.1])
     phi = reparam.polar()
     np.testing.assert_allclose(
-        mg.transform_metric_field(phi, mg.dense_metric(metric_fn)).dense(phi.forward(theta)),
+        mg.transform_metric_field(phi, mg.metrics.dense(metric_fn)).dense(phi.forward(theta)),
         mg.transform_metric(phi, theta, metric_fn(theta)),
         rtol=1e-12,
     )
@@ -493,7 +493,7 @@ def test_transform_metric_field_of_a_metric_is_a_metric(dtype):
     point = jnp.abs(theta) + 0.5
     psi5 = phi.forward(point)
     as_metric = mg.transform_metric_field(phi, metric.with_damping(0.1))
-    as_matrix = mg.transform_metric_field(phi, mg.dense_metric(lambda t: dense(t) + 0.1 * jnp.eye(5, dtype=dtype)))
+    as_matrix = mg.transform_metric_field(phi, mg.metrics.dense(lambda t: dense(t) + 0.1 * jnp.eye(5, dtype=dtype)))
     truth = as_matrix.dense(psi5)
     tol = 500 * eps
     np.testing.assert_allclose(as_metric.dense(psi5), truth, rtol=tol, atol=tol * float(jnp.max(jnp.abs(truth))))

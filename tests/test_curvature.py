@@ -48,7 +48,7 @@ def test_hvp_and_hessian_match_jax_hessian():
 def test_christoffel_polar_closed_form():
     r_, a = 1.7, 0.4
     Gamma = np.asarray(
-        mg.christoffel_symbols(mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2]))), jnp.array([r_, a]))
+        mg.christoffel_symbols(mg.metrics.dense(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2]))), jnp.array([r_, a]))
     )
     expected = np.zeros((2, 2, 2))
     expected[0, 1, 1] = -r_  # Gamma^r_{aa}
@@ -59,13 +59,13 @@ def test_christoffel_polar_closed_form():
 def test_christoffel_inverse_square_metric():
     """The metric diag(1/G^2, 1/H^2) on coordinates (G, H): Gamma^1_11 = -1/G, Gamma^2_22 = -1/H, others 0."""
     x = jnp.array([0.7, 2.5])
-    Gamma = np.asarray(mg.christoffel_symbols(mg.dense_metric(lambda p: jnp.diag(1.0 / p**2)), x))
+    Gamma = np.asarray(mg.christoffel_symbols(mg.metrics.dense(lambda p: jnp.diag(1.0 / p**2)), x))
     expected = np.zeros((2, 2, 2))
     expected[0, 0, 0] = -1 / 0.7
     expected[1, 1, 1] = -1 / 2.5
     np.testing.assert_allclose(Gamma, expected, atol=1e-14)
     # Euclidean metric in Cartesian coordinates: all zero
-    np.testing.assert_allclose(mg.christoffel_symbols(mg.dense_metric(lambda p: jnp.eye(3)), jnp.ones(3)), 0.0, atol=1e-15)
+    np.testing.assert_allclose(mg.christoffel_symbols(mg.metrics.dense(lambda p: jnp.eye(3)), jnp.ones(3)), 0.0, atol=1e-15)
 
 
 def random_metric_field(r, d):
@@ -83,7 +83,7 @@ def random_metric_field(r, d):
 def test_christoffel_transformation_law_eq16(seed):
     r = rng(seed)
     d = 3
-    metric = mg.dense_metric(random_metric_field(r, d))
+    metric = mg.metrics.dense(random_metric_field(r, d))
     phi = reparam.compose(reparam.softplus(), reparam.affine(random_invertible(r, d)))
     theta = jnp.asarray(r.uniform(0.5, 2.0, size=d))
     psi = phi.forward(theta)
@@ -122,7 +122,7 @@ def test_riemannian_hessian_is_a_bilinear_form_everywhere():
 def test_endomorphism_invariants_under_random_reparametrizations(seed):
     r = rng(seed + 10)
     d = 3
-    metric = mg.dense_metric(random_metric_field(r, d) if seed % 2 else (lambda x: jnp.eye(d)))
+    metric = mg.metrics.dense(random_metric_field(r, d) if seed % 2 else (lambda x: jnp.eye(d)))
     c = jnp.asarray(r.normal(size=d))
     f = lambda x: jnp.sum(jnp.cos(x + c)) + jnp.prod(x) + jnp.sum(x**4) / 4
     phi = reparam.compose(
@@ -241,11 +241,11 @@ def test_lanczos_top_eigenvalues_vs_dense():
 def test_curvature_errors():
     params, model, loss = small_net(3)
     with pytest.raises(mg.GeometryError, match=r"not positive definite"):
-        mg.christoffel_symbols(mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, -1.0]))), jnp.ones(2))
+        mg.christoffel_symbols(mg.metrics.dense(lambda x: jnp.diag(jnp.array([1.0, -1.0]))), jnp.ones(2))
     with pytest.raises(mg.GeometryError, match=r"not positive definite"):
         mg.endomorphism_eigenvalues(jnp.eye(2), jnp.diag(jnp.array([1.0, 0.0])))
     with pytest.raises(mg.GeometryError, match=r"not positive definite"):
-        mg.hessian_endomorphism(lambda x: jnp.sum(x**2), mg.dense_metric(lambda x: -jnp.eye(2)), jnp.ones(2))
+        mg.hessian_endomorphism(lambda x: jnp.sum(x**2), mg.metrics.dense(lambda x: -jnp.eye(2)), jnp.ones(2))
     with pytest.raises(mg.GeometryError, match=r"non-finite"):
         mg.hessian(lambda x: jnp.sum(jnp.sqrt(x)), jnp.array([1.0, -1.0]))
     with pytest.raises(mg.GeometryError, match=r"non-finite"):
@@ -265,9 +265,9 @@ def test_curvature_errors():
     with pytest.raises(mg.GeometryError, match=r"k must be"):
         mg.top_eigenvalues(loss, params, jax.random.PRNGKey(0), k=100)
     with pytest.raises(mg.GeometryError, match=r"1-D coordinate"):
-        mg.christoffel_symbols(mg.dense_metric(lambda x: jnp.eye(4)), jnp.ones((2, 2)))
+        mg.christoffel_symbols(mg.metrics.dense(lambda x: jnp.eye(4)), jnp.ones((2, 2)))
     with pytest.raises(mg.GeometryError, match=r"3x3 matrix"):
-        mg.riemannian_hessian(lambda x: jnp.sum(x**2), mg.dense_metric(lambda x: jnp.eye(2)), jnp.ones(3))
+        mg.riemannian_hessian(lambda x: jnp.sum(x**2), mg.metrics.dense(lambda x: jnp.eye(2)), jnp.ones(3))
     with pytest.raises(mg.GeometryError, match=r"pytree structure"):
         mg.hvp(loss, params, {"W": params["W"]})
 

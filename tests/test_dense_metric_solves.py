@@ -32,7 +32,7 @@ def problem(dtype, condition):
     G = U @ np.diag(np.geomspace(1.0, 1.0 / condition, D)) @ U.T
     G = (G + G.T) / 2
     Hj, Gj = jnp.asarray(H, dtype), jnp.asarray(G, dtype)
-    return (lambda p: 0.5 * p @ Hj @ p), mg.dense_metric(lambda p: Gj), H, G
+    return (lambda p: 0.5 * p @ Hj @ p), mg.metrics.dense(lambda p: Gj), H, G
 
 
 def tolerance(dtype, condition):
@@ -69,7 +69,7 @@ def test_top_eigenvalues_with_a_dense_metric_under_jit_are_the_generalized_eigen
 def test_a_dense_metric_that_is_not_positive_definite_raises_eagerly_and_is_nan_under_jit(dtype):
     f, _, _, G = problem(dtype, 10.0)
     indefinite = jnp.asarray(G - 2 * np.eye(D) * np.max(np.linalg.eigvalsh(G)), dtype)
-    metric = mg.dense_metric(lambda p: indefinite)
+    metric = mg.metrics.dense(lambda p: indefinite)
     key, p0 = jax.random.PRNGKey(0), jnp.zeros(D, dtype)
     with pytest.raises(GeometryError, match="not positive definite"):
         mg.top_eigenvalues(f, p0, key, k=2, metric=metric)

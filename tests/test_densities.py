@@ -70,12 +70,12 @@ def test_transform_log_density_closed_form():
 
 def test_volume_element_and_jeffreys():
     np.testing.assert_allclose(
-        mg.log_volume_element(mg.dense_metric(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2]))), jnp.array([3.0, 1.0])),
+        mg.log_volume_element(mg.metrics.dense(lambda x: jnp.diag(jnp.array([1.0, x[0] ** 2]))), jnp.array([3.0, 1.0])),
         np.log(3.0),
         rtol=1e-12,
     )
     # Jeffreys prior for a Bernoulli: 1 / (pi sqrt(t (1 - t))) is uniform (1/pi) under the Fisher volume form
-    fisher = mg.dense_metric(lambda t: jnp.array([[1.0 / (t[0] * (1 - t[0]))]]))
+    fisher = mg.metrics.dense(lambda t: jnp.array([[1.0 / (t[0] * (1 - t[0]))]]))
     log_jeffreys = lambda t: -jnp.log(jnp.pi) - 0.5 * jnp.log(t[0] * (1 - t[0]))
     for t in [0.1, 0.5, 0.93]:
         np.testing.assert_allclose(
@@ -181,7 +181,7 @@ def test_slq_logdet_vs_dense():
     """SLQ with 200 probes and 25 Lanczos steps on a 60x60 SPD matrix (condition 100):
     within 4 standard errors plus 1e-3 (the Lanczos quadrature bias) of slogdet."""
     A = random_spd(rng(4), 60, cond=100.0)
-    est, se = mg.logdet_slq(lambda v: A @ v, 60, jax.random.PRNGKey(1), num_probes=200, num_iterations=25)
+    est, se = mg.densities.logdet_slq(lambda v: A @ v, 60, jax.random.PRNGKey(1), num_probes=200, num_iterations=25)
     exact = np.linalg.slogdet(np.asarray(A))[1]
     assert abs(float(est) - exact) < 4 * float(se) + 1e-3, (float(est), exact, float(se))
 
@@ -203,13 +203,13 @@ def test_density_errors():
     with pytest.raises(mg.GeometryError, match=r"Reparametrization"):
         mg.laplace_log_marginal_likelihood(saddle, jnp.zeros(2), reparametrization=lambda x: x)
     with pytest.raises(mg.GeometryError, match=r"not positive definite"):
-        mg.log_volume_element(mg.dense_metric(lambda x: -jnp.eye(2)), jnp.ones(2))
+        mg.log_volume_element(mg.metrics.dense(lambda x: -jnp.eye(2)), jnp.ones(2))
     with pytest.raises(mg.GeometryError, match=r"not in the parameter pytree"):
         mg.weight_norm(["W", "V"]).split({"W": jnp.ones((2, 2))})
     with pytest.raises(mg.GeometryError, match=r"non-finite"):
         mg.laplace_log_marginal_likelihood(lambda t: jnp.sum(jnp.log(t)), jnp.array([-1.0]))
     with pytest.raises(mg.GeometryError, match=r"num_probes"):
-        mg.logdet_slq(lambda v: v, 3, jax.random.PRNGKey(0), num_probes=0)
+        mg.densities.logdet_slq(lambda v: v, 3, jax.random.PRNGKey(0), num_probes=0)
 
 
 def test_weight_norm_zero_column_is_an_error():

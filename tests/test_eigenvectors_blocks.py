@@ -33,7 +33,7 @@ def _pencil(d, eigs, dtype, seed=0, metric=True):
     Hj = jnp.asarray(H, dtype)
     f = lambda x: 0.5 * x @ Hj @ x
     met = mg.metrics.diagonal(jnp.asarray(w, dtype)) if metric else None
-    met = mg.dense_metric(jnp.asarray(G, dtype)) if metric == "dense" else met
+    met = mg.metrics.dense(jnp.asarray(G, dtype)) if metric == "dense" else met
     return f, jnp.zeros(d, dtype), np.asarray(Hj, np.float64), np.asarray(jnp.asarray(G, dtype), np.float64), met
 
 
@@ -57,7 +57,7 @@ def test_vectors_match_dense_eigh(dtype, metric):
     f, x, H, G, met = _pencil(12, eigs, dtype, metric=metric)
     key = jax.random.PRNGKey(0)
     pairs = mg.top_eigenvalues(f, x, key, k=3, metric=met, num_iterations=12, rtol=RTOL[dtype], return_vectors=True)
-    assert isinstance(pairs, mg.Eigenpairs) and pairs.vectors.shape == (3, 12) and pairs.vectors.dtype == dtype
+    assert isinstance(pairs, mg.curvature.Eigenpairs) and pairs.vectors.shape == (3, 12) and pairs.vectors.dtype == dtype
     lam, V = _check_pairs(pairs, H, G, dtype, RTOL[dtype])
     w, U = scipy.linalg.eigh(H, G)
     np.testing.assert_allclose(lam, w[::-1][:3], rtol=10 * RTOL[dtype], atol=1e-3 * RTOL[dtype])

@@ -104,37 +104,37 @@ def cases(dtype):
     return [
         (
             "GGN, cross-entropy",
-            mg.ggn_diagonal(mlp, cross_entropy, params, batch=(X, labels)),
+            mg.metrics.ggn_diagonal(mlp, cross_entropy, params, batch=(X, labels)),
             dense_ggn(p64, X64, cross_entropy, labels),
             mg.ggn(mlp, cross_entropy, batch=(X, labels)),
         ),
         (
             "GGN, squared error",
-            mg.ggn_diagonal(mlp, squared_error, params, batch=(X, targets)),
+            mg.metrics.ggn_diagonal(mlp, squared_error, params, batch=(X, targets)),
             dense_ggn(p64, X64, squared_error, t64),
             mg.ggn(mlp, squared_error, batch=(X, targets)),
         ),
         (
             "Fisher, categorical",
-            mg.fisher_diagonal(mlp, params, "categorical", batch=(X, labels)),
+            mg.metrics.fisher_diagonal(mlp, params, "categorical", batch=(X, labels)),
             dense_fisher(p64, X64, "categorical"),
             mg.fisher(mlp, "categorical", batch=(X, labels)),
         ),
         (
             "Fisher, gaussian sigma = 2",
-            mg.fisher_diagonal(mlp, params, mg.gaussian_likelihood(2.0), batch=(X, targets)),
+            mg.metrics.fisher_diagonal(mlp, params, mg.gaussian_likelihood(2.0), batch=(X, targets)),
             dense_fisher(p64, X64, "gaussian", sigma=2.0),
             mg.fisher(mlp, mg.gaussian_likelihood(2.0), batch=(X, targets)),
         ),
         (
             "empirical Fisher, cross-entropy",
-            mg.empirical_fisher_diagonal(mlp, per_example_cross_entropy, params, batch=(X, labels)),
+            mg.metrics.empirical_fisher_diagonal(mlp, per_example_cross_entropy, params, batch=(X, labels)),
             dense_empirical_fisher(p64, X64, per_example_cross_entropy, labels),
             mg.empirical_fisher(mlp, per_example_cross_entropy, batch=(X, labels)),
         ),
         (
             "empirical Fisher, squared error",
-            mg.empirical_fisher_diagonal(mlp, per_example_squared_error, params, batch=(X, targets)),
+            mg.metrics.empirical_fisher_diagonal(mlp, per_example_squared_error, params, batch=(X, targets)),
             dense_empirical_fisher(p64, X64, per_example_squared_error, t64),
             mg.empirical_fisher(mlp, per_example_squared_error, batch=(X, targets)),
         ),
@@ -158,21 +158,21 @@ def test_exact_diagonals_equal_the_dense_matrices(dtype):
 def test_reduction_sum_is_n_times_mean_and_the_fisher_never_negative():
     params, X, labels, targets = problem(jnp.float64)
     for fn in (
-        lambda red: mg.fisher_diagonal(mlp, params, batch=(X, labels), reduction=red),
-        lambda red: mg.empirical_fisher_diagonal(mlp, per_example_squared_error, params, batch=(X, targets),
+        lambda red: mg.metrics.fisher_diagonal(mlp, params, batch=(X, labels), reduction=red),
+        lambda red: mg.metrics.empirical_fisher_diagonal(mlp, per_example_squared_error, params, batch=(X, targets),
                                                  reduction=red),
     ):
         np.testing.assert_allclose(flat(fn("sum")), N * flat(fn("mean")), rtol=1e-12)
     # at a point where p is near one-hot, diag(p) - p p^T has tiny entries: a sum of squares stays >= 0
     big = jax.tree_util.tree_map(lambda a: 30.0 * a, params)
-    assert bool(jnp.all(flat(mg.fisher_diagonal(mlp, big, batch=(X, labels))) >= 0))
+    assert bool(jnp.all(flat(mg.metrics.fisher_diagonal(mlp, big, batch=(X, labels))) >= 0))
 
 
 def test_a_categorical_likelihood_on_several_outputs_per_example():
     """Outputs of shape (N, 2, C): the factor of the per-example Fisher by its eigendecomposition."""
     params, X, _, _ = problem(jnp.float64)
     model = lambda p, x: jnp.stack([mlp(p, x), mlp(p, 2.0 * x)], axis=1)  # (N, 2, C)
-    got = mg.fisher_diagonal(model, params, batch=(X, jnp.zeros(N)))
+    got = mg.metrics.fisher_diagonal(model, params, batch=(X, jnp.zeros(N)))
 
     @jax.jit
     def truth_of(params):
@@ -196,11 +196,11 @@ def test_the_hutchinson_estimates_agree_within_their_standard_errors():
         return cross_entropy(z0 + dz, labels)
 
     pairs = [
-        (mg.ggn_diagonal(mlp, cross_entropy, params, batch=(X, labels)),
+        (mg.metrics.ggn_diagonal(mlp, cross_entropy, params, batch=(X, labels)),
          mg.diagonal_estimate(linearized_loss, params, key, num_probes=P)),
-        (mg.fisher_diagonal(mlp, params, batch=(X, labels)),
+        (mg.metrics.fisher_diagonal(mlp, params, batch=(X, labels)),
          mg.fisher_operator(mlp, params).diagonal_estimate(key, [(X, labels)], num_probes=P)),
-        (mg.empirical_fisher_diagonal(mlp, per_example_squared_error, params, batch=(X, targets)),
+        (mg.metrics.empirical_fisher_diagonal(mlp, per_example_squared_error, params, batch=(X, targets)),
          mg.empirical_fisher_operator(mlp, per_example_squared_error, params).diagonal_estimate(
              key, [(X, targets)], num_probes=P)),
     ]
@@ -215,9 +215,9 @@ def test_the_hutchinson_estimates_agree_within_their_standard_errors():
 def test_under_jit_equal_to_eager(dtype):
     params, X, labels, targets = problem(dtype)
     calls = [
-        lambda p, b: mg.ggn_diagonal(mlp, cross_entropy, p, batch=b),
-        lambda p, b: mg.fisher_diagonal(mlp, p, batch=b),
-        lambda p, b: mg.empirical_fisher_diagonal(mlp, per_example_cross_entropy, p, batch=b),
+        lambda p, b: mg.metrics.ggn_diagonal(mlp, cross_entropy, p, batch=b),
+        lambda p, b: mg.metrics.fisher_diagonal(mlp, p, batch=b),
+        lambda p, b: mg.metrics.empirical_fisher_diagonal(mlp, per_example_cross_entropy, p, batch=b),
     ]
     for fn in calls:
         eager, jitted = flat(fn(params, (X, labels))), flat(jax.jit(fn)(params, (X, labels)))
@@ -235,9 +235,9 @@ def test_never_stale_a_changed_global_is_read_at_the_next_call():
     global WIDTH
     params, X, labels, targets = problem(jnp.float64)
     calls = [
-        lambda m: mg.ggn_diagonal(m, cross_entropy, params, batch=(X, labels)),
-        lambda m: mg.fisher_diagonal(m, params, batch=(X, labels)),
-        lambda m: mg.empirical_fisher_diagonal(m, per_example_squared_error, params, batch=(X, targets)),
+        lambda m: mg.metrics.ggn_diagonal(m, cross_entropy, params, batch=(X, labels)),
+        lambda m: mg.metrics.fisher_diagonal(m, params, batch=(X, labels)),
+        lambda m: mg.metrics.empirical_fisher_diagonal(m, per_example_squared_error, params, batch=(X, targets)),
     ]
     try:
         for fn in calls:
@@ -255,20 +255,20 @@ def test_never_stale_a_changed_global_is_read_at_the_next_call():
 @pytest.mark.parametrize(
     "call, says",
     [
-        (lambda p, X, y, t: mg.ggn_diagonal(mlp, per_example_cross_entropy, p, batch=(X, y)),
+        (lambda p, X, y, t: mg.metrics.ggn_diagonal(mlp, per_example_cross_entropy, p, batch=(X, y)),
          "must return a scalar"),
-        (lambda p, X, y, t: mg.empirical_fisher_diagonal(mlp, cross_entropy, p, batch=(X, y)),
+        (lambda p, X, y, t: mg.metrics.empirical_fisher_diagonal(mlp, cross_entropy, p, batch=(X, y)),
          "one loss per example"),
-        (lambda p, X, y, t: mg.fisher_diagonal(lambda q: jnp.sum(mlp(q, X)), p), "leading batch axis"),
-        (lambda p, X, y, t: mg.fisher_diagonal(lambda q: mlp(q, X[:0]), p), "the batch is empty"),
-        (lambda p, X, y, t: mg.fisher_diagonal(mlp, p, "poisson", batch=(X, y)), "unknown likelihood"),
-        (lambda p, X, y, t: mg.fisher_diagonal(mlp, p, batch=(X, y), reduction="max"), "reduction"),
-        (lambda p, X, y, t: mg.empirical_fisher_diagonal(mlp, per_example_squared_error, p, batch=(X, t),
+        (lambda p, X, y, t: mg.metrics.fisher_diagonal(lambda q: jnp.sum(mlp(q, X)), p), "leading batch axis"),
+        (lambda p, X, y, t: mg.metrics.fisher_diagonal(lambda q: mlp(q, X[:0]), p), "the batch is empty"),
+        (lambda p, X, y, t: mg.metrics.fisher_diagonal(mlp, p, "poisson", batch=(X, y)), "unknown likelihood"),
+        (lambda p, X, y, t: mg.metrics.fisher_diagonal(mlp, p, batch=(X, y), reduction="max"), "reduction"),
+        (lambda p, X, y, t: mg.metrics.empirical_fisher_diagonal(mlp, per_example_squared_error, p, batch=(X, t),
                                                          reduction="none"), "reduction"),
-        (lambda p, X, y, t: mg.ggn_diagonal(mlp, cross_entropy, p, batch=X), "must be a pair"),
-        (lambda p, X, y, t: mg.ggn_diagonal(mlp, cross_entropy, {"W1": jnp.ones((3, 4), int)}, batch=(X, y)),
+        (lambda p, X, y, t: mg.metrics.ggn_diagonal(mlp, cross_entropy, p, batch=X), "must be a pair"),
+        (lambda p, X, y, t: mg.metrics.ggn_diagonal(mlp, cross_entropy, {"W1": jnp.ones((3, 4), int)}, batch=(X, y)),
          "must be floating point"),
-        (lambda p, X, y, t: mg.fisher_diagonal(mlp, {**p, "b2": jnp.full(C, jnp.nan)}, batch=(X, y)),
+        (lambda p, X, y, t: mg.metrics.fisher_diagonal(mlp, {**p, "b2": jnp.full(C, jnp.nan)}, batch=(X, y)),
          "non-finite"),
     ],
 )
@@ -292,11 +292,11 @@ def test_with_a_batch_each_example_is_differentiated_alone_and_both_paths_agree(
 
     for name, batched, closed in [
         ("empirical Fisher",
-         lambda: mg.empirical_fisher_diagonal(recording_mlp, per_example_cross_entropy, params, batch=(X, labels)),
-         lambda: mg.empirical_fisher_diagonal(lambda p: mlp(p, X), lambda z: per_example_cross_entropy(z, labels),
+         lambda: mg.metrics.empirical_fisher_diagonal(recording_mlp, per_example_cross_entropy, params, batch=(X, labels)),
+         lambda: mg.metrics.empirical_fisher_diagonal(lambda p: mlp(p, X), lambda z: per_example_cross_entropy(z, labels),
                                               params)),
-        ("Fisher", lambda: mg.fisher_diagonal(recording_mlp, params, batch=(X, labels)),
-         lambda: mg.fisher_diagonal(lambda p: mlp(p, X), params)),
+        ("Fisher", lambda: mg.metrics.fisher_diagonal(recording_mlp, params, batch=(X, labels)),
+         lambda: mg.metrics.fisher_diagonal(lambda p: mlp(p, X), params)),
     ]:
         seen.clear()
         first = flat(batched())
@@ -318,8 +318,8 @@ def test_a_model_that_couples_its_examples_keeps_the_whole_batch_path_without_ba
     theta, unravel = ravel_pytree(params)
     G = jax.jacfwd(lambda q: per_example_cross_entropy(normalized(unravel(q), X), labels))(theta)
     truth = np.sum(np.asarray(G) ** 2, axis=0) / N
-    closed = flat(mg.empirical_fisher_diagonal(lambda p: normalized(p, X),
+    closed = flat(mg.metrics.empirical_fisher_diagonal(lambda p: normalized(p, X),
                                                lambda z: per_example_cross_entropy(z, labels), params))
     np.testing.assert_allclose(closed, truth, rtol=1e-10, atol=1e-14)
-    assert not np.allclose(truth, flat(mg.empirical_fisher_diagonal(normalized, per_example_cross_entropy, params,
+    assert not np.allclose(truth, flat(mg.metrics.empirical_fisher_diagonal(normalized, per_example_cross_entropy, params,
                                                                      batch=(X, labels))))

@@ -85,7 +85,7 @@ PATCHED_CHECKER = (
 
 # the library's answer, called directly and through a name imported before the grader could block it
 LIBRARY_CALL = (
-    "from minigeo import horizontal_projection as _hp\n"
+    "from minigeo.quotient import horizontal_projection as _hp\n"
     "\n"
     "def horizontal_projection(G, H, xi):\n"
     "    return _hp((G, H), xi)"
@@ -210,7 +210,7 @@ def test_cheating_submissions_score_zero_and_honest_ones_full_marks(tmp_path):
         assert all("not implemented yet" in hint for _, hint in rows[kind].values()), report
     assert line["library_call"] == f"{N - 1} of {N} checks passed", report
     points, hint = rows["library_call"]["horizontal_projection"]
-    assert points == 0 and "mg.horizontal_projection computes this task's answer" in hint, report
+    assert points == 0 and "mg.quotient.horizontal_projection computes this task's answer" in hint, report
     assert line["slow_cells"] == "timed out: the notebook ran longer than 60 s (--wall-time)", report
     time.sleep(1)
     assert not alive_processes(token), f"runaway processes survived the grading: {alive_processes(token)}"
@@ -301,9 +301,9 @@ LIBRARY_ANSWERS = {
     ),
     "assignment_06_horizontal_projection": (
         None,  # graded end to end above (library_call)
-        "lambda G, H, xi: mg.horizontal_projection((G, H), xi)",
+        "lambda G, H, xi: mg.quotient.horizontal_projection((G, H), xi)",
     ),
-    "assignment_07_capstone": ("check_kendall_tau", "lambda x, y: mg.kendall_tau(x, y)"),
+    "assignment_07_capstone": ("check_kendall_tau", "lambda x, y: mg.stats.kendall_tau(x, y)"),
 }
 
 

@@ -80,7 +80,7 @@ def test_top_eigenvalues_of_scaled_identity():
 def test_logdet_slq_exact_on_scaled_identity(dtype, d):
     """Before the fix: GeometryError "non-positive Ritz values" for logdet_slq(3 I)."""
     c = 3.0
-    for fn in (mg.logdet_slq, jax.jit(mg.logdet_slq, static_argnums=(0, 1), static_argnames=("dtype",))):
+    for fn in (mg.densities.logdet_slq, jax.jit(mg.densities.logdet_slq, static_argnums=(0, 1), static_argnames=("dtype",))):
         est, se = fn(lambda v: c * v, d, jax.random.PRNGKey(0), dtype=dtype)
         assert est.dtype == dtype
         np.testing.assert_allclose(float(est), d * np.log(c), rtol=100 * eps(dtype))
@@ -99,13 +99,13 @@ def test_logdet_slq_exact_quadrature_on_low_rank_plus_identity(dtype):
     logA = U @ np.diag(np.log1p(s)) @ U.T
     key = jax.random.PRNGKey(5)
     A_ = jnp.asarray(A, dtype=dtype)
-    est, _ = mg.logdet_slq(lambda v: A_ @ v, d, key, num_probes=P, num_iterations=rank + 1, dtype=dtype)
+    est, _ = mg.densities.logdet_slq(lambda v: A_ @ v, d, key, num_probes=P, num_iterations=rank + 1, dtype=dtype)
     Z = np.asarray(jax.random.rademacher(key, (P, d), dtype=dtype), np.float64)
     expected = np.mean(np.einsum("pi,ij,pj->p", Z, logA, Z))
     np.testing.assert_allclose(float(est), expected, rtol=0, atol=200 * eps(dtype) * d * np.log1p(s[0]))
     # coordinate-aligned low rank: log A is diagonal, so even the Hutchinson estimate is exact
     diag = jnp.asarray(np.r_[1.0 + s, np.ones(d - rank)], dtype=dtype)
-    est, _ = mg.logdet_slq(lambda v: diag * v, d, key, num_probes=3, num_iterations=rank + 1, dtype=dtype)
+    est, _ = mg.densities.logdet_slq(lambda v: diag * v, d, key, num_probes=3, num_iterations=rank + 1, dtype=dtype)
     np.testing.assert_allclose(float(est), np.sum(np.log1p(s)), rtol=200 * eps(dtype) * d)
 
 
@@ -117,9 +117,9 @@ def test_logdet_slq_refuses_singular_and_indefinite(dtype):
     indefinite = lambda v: jnp.asarray(np.r_[np.ones(d - 1), -1.0], dtype=dtype) * v
     for op, what in [(singular, "singular"), (indefinite, "indefinite")]:
         with pytest.raises(mg.GeometryError, match=rf"not positive definite: it is {what}"):
-            mg.logdet_slq(op, d, jax.random.PRNGKey(0), num_probes=4, dtype=dtype)
+            mg.densities.logdet_slq(op, d, jax.random.PRNGKey(0), num_probes=4, dtype=dtype)
         # under jit no exception is possible: the documented answer is NaN, never a finite number
-        est, se = jax.jit(lambda key: mg.logdet_slq(op, d, key, num_probes=4, dtype=dtype))(jax.random.PRNGKey(0))
+        est, se = jax.jit(lambda key: mg.densities.logdet_slq(op, d, key, num_probes=4, dtype=dtype))(jax.random.PRNGKey(0))
         assert np.isnan(float(est)) and np.isnan(float(se))
 
 
@@ -131,7 +131,7 @@ def test_logdet_slq_refuses_singular_and_indefinite(dtype):
 def test_cg_zero_rhs_is_exactly_zero():
     """Before the fix: "did not converge (relative residual 0 ...)"."""
     G = jnp.asarray(random_spd(rng(0), 4))
-    metric = mg.dense_metric(lambda p: G)
+    metric = mg.metrics.dense(lambda p: G)
     zero = jnp.zeros(4)
     outs = [
         mg.sharp(lambda u: G @ u, zero),
@@ -151,7 +151,7 @@ def test_cg_detects_nonpositive_curvature_eagerly():
     b = jnp.array([1.0, 0.1])
     with pytest.raises(mg.GeometryError, match=r"not positive definite: add damping"):
         mg.sharp(lambda u: A @ u, b)
-    metric = mg.dense_metric(lambda p: A)
+    metric = mg.metrics.dense(lambda p: A)
     with pytest.raises(mg.GeometryError, match=r"not positive definite: add damping"):
         metric.solve(jnp.zeros(2), b)
     with pytest.raises(mg.GeometryError, match=r"not positive definite: add damping"):
@@ -162,8 +162,8 @@ def test_cg_detects_nonpositive_curvature_eagerly():
 
 def test_cg_status_under_jit():
     A = jnp.diag(jnp.array([3.0, -1.0]))
-    indefinite = mg.dense_metric(lambda p: A)
-    spd = mg.dense_metric(lambda p: jnp.asarray(random_spd(rng(1), 6, cond=100.0)))
+    indefinite = mg.metrics.dense(lambda p: A)
+    spd = mg.metrics.dense(lambda p: jnp.asarray(random_spd(rng(1), 6, cond=100.0)))
     b2, b6, p6 = jnp.array([1.0, 0.1]), jnp.ones(6), jnp.zeros(6)
 
     x, info = jax.jit(lambda b: indefinite.solve(jnp.zeros(2), b, return_info=True))(b2)

@@ -53,7 +53,7 @@ def all_metrics(params, model, labels, targets):
     G_fixed = random_spd(r, d)
     return {
         "euclidean": mg.euclidean(),
-        "diagonal": mg.diagonal(jax.tree_util.tree_map(lambda x: 1.0 + x**2, params)),
+        "diagonal": mg.metrics.diagonal(jax.tree_util.tree_map(lambda x: 1.0 + x**2, params)),
         "dense": dense_metric(lambda p: G_fixed),
         "pullback": mg.pullback(model, mg.euclidean()),
         "ggn": mg.ggn(model, cross_entropy(labels)),
@@ -301,9 +301,9 @@ def test_float32_products():
 def test_metric_errors():
     params, model, labels, _ = mlp_problem(19)
     with pytest.raises(mg.GeometryError, match=r"<= 0.*damping"):
-        mg.diagonal(jax.tree_util.tree_map(jnp.zeros_like, params)).mv(params, params)
+        mg.metrics.diagonal(jax.tree_util.tree_map(jnp.zeros_like, params)).mv(params, params)
     with pytest.raises(mg.GeometryError, match=r"pytree structure"):
-        mg.diagonal({"W1": jnp.ones((D_IN, HIDDEN))}).mv(params, params)
+        mg.metrics.diagonal({"W1": jnp.ones((D_IN, HIDDEN))}).mv(params, params)
     with pytest.raises(mg.GeometryError, match=r"44x44 matrix is needed"):
         dense_metric(lambda p: jnp.eye(3)).mv(params, params)
     with pytest.raises(mg.GeometryError, match=r"pytree structure"):
@@ -465,28 +465,28 @@ def test_as_metric_every_kind_gives_the_same_field(dtype):
     x = jnp.asarray([1.3, 0.4, -0.2], dtype)
     v = jnp.asarray([0.3, -1.0, 2.0], dtype)
     G = np.asarray(_polar(x))
-    M = mg.as_metric(_polar, kind="matrix_field")
+    M = mg.metrics.as_metric(_polar, kind="matrix_field")
     np.testing.assert_allclose(M.dense(x), G, rtol=10 * jnp.finfo(dtype).eps)
-    np.testing.assert_allclose(mg.as_metric(jnp.asarray(G, dtype)).mv(x, v), G @ np.asarray(v), rtol=1e-6)
-    P = mg.as_metric(lambda p, u: _polar(p) @ u, kind="product")
+    np.testing.assert_allclose(mg.metrics.as_metric(jnp.asarray(G, dtype)).mv(x, v), G @ np.asarray(v), rtol=1e-6)
+    P = mg.metrics.as_metric(lambda p, u: _polar(p) @ u, kind="product")
     np.testing.assert_allclose(P.mv(x, v), G @ np.asarray(v), rtol=1e-6)
-    O = mg.as_metric(lambda u: jnp.asarray(G, dtype) @ u, kind="operator")
+    O = mg.metrics.as_metric(lambda u: jnp.asarray(G, dtype) @ u, kind="operator")
     np.testing.assert_allclose(O.dense(x), G, rtol=1e-6)
-    assert mg.as_metric(M) is M
-    np.testing.assert_allclose(mg.as_metric(None).mv(x, v), v)
+    assert mg.metrics.as_metric(M) is M
+    np.testing.assert_allclose(mg.metrics.as_metric(None).mv(x, v), v)
 
 
 def test_as_metric_refuses_ambiguous_or_bad_input():
     with pytest.raises(mg.GeometryError, match="ambiguous"):
-        mg.as_metric(_polar)
+        mg.metrics.as_metric(_polar)
     with pytest.raises(mg.GeometryError, match="kind must be"):
-        mg.as_metric(_polar, kind="field")
+        mg.metrics.as_metric(_polar, kind="field")
     with pytest.raises(mg.GeometryError, match="square"):
-        mg.as_metric(jnp.ones((2, 3)))
+        mg.metrics.as_metric(jnp.ones((2, 3)))
     with pytest.raises(mg.GeometryError, match="symmetric"):
-        mg.as_metric(jnp.array([[1.0, 2.0], [0.0, 1.0]]))
+        mg.metrics.as_metric(jnp.array([[1.0, 2.0], [0.0, 1.0]]))
     with pytest.raises(mg.GeometryError, match="cannot make a metric"):
-        mg.as_metric("fisher")
+        mg.metrics.as_metric("fisher")
 
 
 def test_matrix_field_functions_accept_a_metric():
@@ -495,7 +495,7 @@ def test_matrix_field_functions_accept_a_metric():
     (its matrix differentiated directly) and with a matrix-free Metric of the same products (its
     matrix built from d products)."""
     x = jnp.asarray([1.3, 0.4, -0.2])
-    M = mg.as_metric(_polar, kind="matrix_field")
+    M = mg.metrics.as_metric(_polar, kind="matrix_field")
     _polar_products = mg.Metric(lambda p, v: _polar(p) @ v, "polar (products)")
     f = lambda y: jnp.sum(jnp.sin(y) * y**2)
     np.testing.assert_allclose(mg.christoffel_symbols(M, x), mg.christoffel_symbols(_polar_products, x), rtol=1e-12)

@@ -273,7 +273,7 @@ def test_natgrad_errors():
     with pytest.raises(mg.GeometryError, match=r"\(m, d\) matrix"):
         mg.span_projection(jnp.ones((3, 2)), None, jnp.ones(2))
     with pytest.raises(mg.GeometryError, match=r"not positive definite"):
-        mg.gram_matrix(lambda xi: xi, mg.dense_metric(lambda z: -jnp.eye(2)), jnp.ones(2))
+        mg.gram_matrix(lambda xi: xi, mg.metrics.dense(lambda z: -jnp.eye(2)), jnp.ones(2))
     with pytest.raises(mg.GeometryError, match=r"needs params"):
         mg.precondition_by_metric(G).update(grad, ())
     with pytest.raises(mg.GeometryError, match=r"max_size=3"):

@@ -153,7 +153,7 @@ def test_dense_hessian_and_riemannian_hessian_follow_state(index, dtype):
     p = jnp.asarray([1.0, 2.0, -1.0], dtype)
     # a metric field that reads the same state through f: G(x) = I + diag(x^2) * f(x)^2 / (1 + f(x)^2)
     Gfn = lambda x: jnp.eye(3, dtype=x.dtype) + jnp.diag(x**2) * f(x) ** 2 / (1 + f(x) ** 2)
-    metric = mg.dense_metric(Gfn)
+    metric = mg.metrics.dense(Gfn)
 
     def fresh():
         G = Gfn(p)

@@ -314,7 +314,7 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(mg.GeometryError, match="likelihood"):
         mg.fisher_operator(_mlp, params, likelihood="poisson")
     with pytest.raises(mg.GeometryError, match="callable"):
-        mg.CurvatureOperator(None, params, "x")
+        mg.operators.CurvatureOperator(None, params, "x")
     bad = mg.hessian_operator(lambda p, b: jnp.sum(p["w1"]) / 0.0 * jnp.sum(p["w2"] ** 2), params)
     with pytest.raises(mg.GeometryError, match="non-finite"):
         bad.trace_estimate(jax.random.PRNGKey(0), [(X, y)], num_probes=2)
@@ -344,7 +344,7 @@ def test_dataset_slq_equals_the_full_batch_slq_with_the_same_probes_and_the_dens
     G = mg.metrics.ggn(lambda p: _mlp(p, X), lambda z: _xent(z, y))
     unravel = ravel_pytree(params)[1]
     matvec = lambda v: ravel_pytree(G.mv(params, unravel(v)))[0] + lam * v
-    ref, ref_se = mg.logdet_slq(matvec, d, key, num_probes=8, num_iterations=d, dtype=jnp.float64)
+    ref, ref_se = mg.densities.logdet_slq(matvec, d, key, num_probes=8, num_iterations=d, dtype=jnp.float64)
     np.testing.assert_allclose([est, se], [ref, ref_se], rtol=1e-9)
     exact = float(jnp.linalg.slogdet(_dense_full_batch("ggn", params, X, y) + lam * jnp.eye(d))[1])
     assert abs(float(est) - exact) <= 4 * float(se) + 1e-8 * abs(exact)

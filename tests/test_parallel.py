@@ -28,11 +28,11 @@ SCRIPT = textwrap.dedent(
     loss = lambda p, b: mm.cross_entropy(mm.vit_apply(p, b[0], c), b[1])
     spec = mm.vit_symmetry_spec(params)
 
-    mesh = mg.data_parallel_mesh()
-    sharded = mg.shard_batch((images, labels), mesh, axis=1)
+    mesh = mg.parallel.data_parallel_mesh()
+    sharded = mg.parallel.shard_batch((images, labels), mesh, axis=1)
     assert len(sharded[0].sharding.device_set) == 2
     assert sharded[0].addressable_shards[0].data.shape == (2, 4, 8, 8, 1)
-    rep = mg.replicate(params, mesh)
+    rep = mg.parallel.replicate(params, mesh)
 
     key = jax.random.PRNGKey(1)
     g1 = mg.geodesic_sharpness(loss, params, (images, labels), spec, 0.05, key=key, n_iter=5)
@@ -46,12 +46,12 @@ SCRIPT = textwrap.dedent(
     step = mm.make_train_step(loss, opt)
     one = (images[0], labels[0])
     p1, _, l1 = step(params, opt.init(params), one)
-    p2, _, l2 = step(rep, opt.init(rep), mg.shard_batch(one, mesh))
+    p2, _, l2 = step(rep, opt.init(rep), mg.parallel.shard_batch(one, mesh))
     np.testing.assert_allclose(l2, l1, rtol=1e-12)
     jax.tree_util.tree_map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-9, atol=1e-12), p2, p1)
 
     try:
-        mg.shard_batch(jnp.ones((3, 2)), mesh)
+        mg.parallel.shard_batch(jnp.ones((3, 2)), mesh)
     except mg.GeometryError as e:
         assert "cannot be split evenly over 2 devices" in str(e), e
     else:
@@ -70,6 +70,6 @@ def test_sharded_equals_single_device():
 
 def test_shard_batch_errors_in_process():
     with pytest.raises(mg.GeometryError, match="has no example axis 1"):
-        mg.shard_batch(jnp.ones(3), axis=1)
+        mg.parallel.shard_batch(jnp.ones(3), axis=1)
     with pytest.raises(mg.GeometryError, match="no devices"):
-        mg.data_parallel_mesh([])
+        mg.parallel.data_parallel_mesh([])

@@ -26,7 +26,7 @@ def test_horizontal_projection_against_its_definition(batch):
     r = rng(0)
     point = random_pair(r, batch=batch)
     xi = random_tangent(r, point)
-    xh = mg.horizontal_projection(point, xi)
+    xh = mg.quotient.horizontal_projection(point, xi)
     G, H = point
     # (1) the removed part is vertical: xi - xh = (-G Omega, H Omega^T) for some Omega
     dG, dH = xi[0] - xh[0], xi[1] - xh[1]
@@ -36,10 +36,10 @@ def test_horizontal_projection_against_its_definition(batch):
     # (2) the result is metric-orthogonal to random vertical vectors (per head)
     for seed in range(3):
         omega = jnp.asarray(rng(seed + 10).normal(size=batch + (3, 3)))
-        v = mg.vertical_vector(point, omega)
-        np.testing.assert_allclose(mg.gl_metric(point, xh, v), 0.0, atol=1e-10)
+        v = mg.quotient.vertical_vector(point, omega)
+        np.testing.assert_allclose(mg.quotient.gl_metric(point, xh, v), 0.0, atol=1e-10)
     # (3) idempotent
-    xhh = mg.horizontal_projection(point, xh)
+    xhh = mg.quotient.horizontal_projection(point, xh)
     for a, b in zip(xhh, xh):
         np.testing.assert_allclose(a, b, atol=1e-10)
 
@@ -60,10 +60,10 @@ def test_sylvester_as_printed_in_paper_is_not_horizontal():
     literal = jax.scipy.linalg.solve_sylvester(A, A.T, B)
     x_lit = (xi[0] + G @ literal, xi[1] - H @ literal.T)
     omega = jnp.asarray(rng(2).normal(size=(3, 3)))
-    assert abs(float(mg.gl_metric(point, x_lit, mg.vertical_vector(point, omega)))) > 1e-3
+    assert abs(float(mg.quotient.gl_metric(point, x_lit, mg.quotient.vertical_vector(point, omega)))) > 1e-3
     # the corrected equation, solved by a maintained routine, agrees with minigeo's eigendecomposition solve
     X = jax.scipy.linalg.solve_sylvester(A, A, B)
-    ours = mg.horizontal_projection(point, xi)
+    ours = mg.quotient.horizontal_projection(point, xi)
     np.testing.assert_allclose(ours[0], xi[0] + G @ X.T, atol=1e-9)
     np.testing.assert_allclose(ours[1], xi[1] - H @ X, atol=1e-9)
 
@@ -77,16 +77,16 @@ def test_metric_invariant_under_group_action(kind):
     Ainv = jnp.linalg.inv(A)
     act = lambda p: (p[0] @ Ainv, p[1] @ A.T)  # linear in (G, H): also the action on tangent vectors
     np.testing.assert_allclose(
-        mg.gl_metric(act(point), act(eta), act(zeta), kind=kind),
-        mg.gl_metric(point, eta, zeta, kind=kind),
+        mg.quotient.gl_metric(act(point), act(eta), act(zeta), kind=kind),
+        mg.quotient.gl_metric(point, eta, zeta, kind=kind),
         rtol=1e-10,
     )
     # the Euclidean metric is not invariant
     euc = lambda a, b: jnp.sum(a[0] * b[0]) + jnp.sum(a[1] * b[1])
     assert abs(float(euc(act(eta), act(zeta)) - euc(eta, zeta))) > 1e-3
     # horizontal vectors map to horizontal vectors
-    xh = mg.horizontal_projection(point, eta)
-    moved = mg.horizontal_projection(act(point), act(xh))
+    xh = mg.quotient.horizontal_projection(point, eta)
+    moved = mg.quotient.horizontal_projection(act(point), act(xh))
     for a, b in zip(moved, act(xh)):
         np.testing.assert_allclose(a, b, atol=1e-9)
 
@@ -113,13 +113,13 @@ def test_christoffel_quadratic_matches_autodiff_christoffel_symbols():
     xi = random_tangent(r, point)
     x = jnp.concatenate([point[0].ravel(), point[1].ravel()])
     v = jnp.concatenate([xi[0].ravel(), xi[1].ravel()])
-    Gamma = mg.christoffel_symbols(mg.dense_metric(flat_metric(((n, h), (m, h)))), x)
+    Gamma = mg.christoffel_symbols(mg.metrics.dense(flat_metric(((n, h), (m, h)))), x)
     expected = jnp.einsum("kij,i,j->k", Gamma, v, v)
-    cG, cH = mg.christoffel_quadratic(point, xi)
+    cG, cH = mg.quotient.christoffel_quadratic(point, xi)
     np.testing.assert_allclose(jnp.concatenate([cG.ravel(), cH.ravel()]), expected, rtol=1e-8, atol=1e-10)
     # and the metric itself
     np.testing.assert_allclose(
-        v @ flat_metric(((n, h), (m, h)))(x) @ v, mg.gl_metric(point, xi, xi), rtol=1e-10
+        v @ flat_metric(((n, h), (m, h)))(x) @ v, mg.quotient.gl_metric(point, xi, xi), rtol=1e-10
     )
 
 
@@ -129,12 +129,12 @@ def test_riemannian_gradient():
     T = jnp.asarray(r.normal(size=(5, 4)))
     f = lambda G, H: jnp.sum(jnp.sin(G @ H.T) * T)  # depends on G H^T only: GL(h)-invariant
     egrad = jax.grad(f, argnums=(0, 1))(*point)
-    rgrad = mg.riemannian_gradient(point, egrad)
+    rgrad = mg.quotient.riemannian_gradient(point, egrad)
     for seed in range(3):
         zeta = random_tangent(rng(seed + 20), point)
         df = jnp.sum(egrad[0] * zeta[0]) + jnp.sum(egrad[1] * zeta[1])
-        np.testing.assert_allclose(mg.gl_metric(point, rgrad, zeta), df, rtol=1e-9)
-    proj = mg.horizontal_projection(point, rgrad)
+        np.testing.assert_allclose(mg.quotient.gl_metric(point, rgrad, zeta), df, rtol=1e-9)
+    proj = mg.quotient.horizontal_projection(point, rgrad)
     for a, b in zip(proj, rgrad):
         np.testing.assert_allclose(a, b, atol=1e-9)  # horizontal already
 
@@ -143,11 +143,11 @@ def test_geodesic_step_is_second_order():
     """|exact geodesic - second-order step| = O(t^3): halving t divides the error by ~8 (ODE reference by RK4)."""
     r = rng(6)
     point = random_pair(r, 3, 3, 2)
-    xi = mg.horizontal_projection(point, random_tangent(r, point))
+    xi = mg.quotient.horizontal_projection(point, random_tangent(r, point))
 
     def rhs(state):
         (G, H), (dG, dH) = state
-        cG, cH = mg.christoffel_quadratic((G, H), (dG, dH))
+        cG, cH = mg.quotient.christoffel_quadratic((G, H), (dG, dH))
         return (dG, dH), (-cG, -cH)
 
     def geodesic(t, steps=400):
@@ -167,7 +167,7 @@ def test_geodesic_step_is_second_order():
     errs = []
     for t in [0.2, 0.1]:
         exact = geodesic(t)
-        approx = mg.geodesic_step(point, tuple(t * x for x in xi))
+        approx = mg.quotient.geodesic_step(point, tuple(t * x for x in xi))
         errs.append(float(sum(jnp.linalg.norm(a - b) for a, b in zip(exact, approx))))
     assert 5.0 < errs[0] / errs[1] < 11.0, errs
 
@@ -188,18 +188,18 @@ def test_gl1_geodesic_is_exact_and_projection():
             x, dx = x + hs / 6 * (a1 + 2 * a2 + 2 * a3 + a4), dx + hs / 6 * (b1 + 2 * b2 + 2 * b3 + b4)
         return x
 
-    u1, v1 = mg.gl1_geodesic((u, v), xi)
+    u1, v1 = mg.quotient.gl1_geodesic((u, v), xi)
     np.testing.assert_allclose(u1, rk4(u, xi[0]), rtol=1e-9)
     np.testing.assert_allclose(v1, rk4(v, xi[1]), rtol=1e-9)
-    xh = mg.gl1_horizontal_projection((u, v), xi)
+    xh = mg.quotient.gl1_horizontal_projection((u, v), xi)
     np.testing.assert_allclose(xh[0] / u, xh[1] / v, rtol=1e-12)  # horizontal: equal relative rates
     vert = (-u * 0.7, v * 0.7)
-    np.testing.assert_allclose(mg.gl1_metric((u, v), xh, vert), 0.0, atol=1e-12)
+    np.testing.assert_allclose(mg.quotient.gl1_metric((u, v), xh, vert), 0.0, atol=1e-12)
     # invariance of the GL(1) metric under (a u, v / a)
     a = jnp.array([3.0, 0.2, -1.5])
     np.testing.assert_allclose(
-        mg.gl1_metric((a * u, v / a), (a * xi[0], xi[1] / a), (a * xi[0], xi[1] / a)),
-        mg.gl1_metric((u, v), xi, xi),
+        mg.quotient.gl1_metric((a * u, v / a), (a * xi[0], xi[1] / a), (a * xi[0], xi[1] / a)),
+        mg.quotient.gl1_metric((u, v), xi, xi),
         rtol=1e-12,
     )
 
@@ -208,38 +208,38 @@ def test_jit_and_relaxation():
     r = rng(7)
     point = random_pair(r, batch=(3,))
     xi = random_tangent(r, point)
-    eager = mg.horizontal_projection(point, xi, eps=1e-6)
-    jitted = jax.jit(lambda p, x: mg.horizontal_projection(p, x, eps=1e-6))(point, xi)
+    eager = mg.quotient.horizontal_projection(point, xi, eps=1e-6)
+    jitted = jax.jit(lambda p, x: mg.quotient.horizontal_projection(p, x, eps=1e-6))(point, xi)
     for a, b in zip(eager, jitted):
         np.testing.assert_allclose(a, b, rtol=1e-10)
     # a rank-deficient pair needs the relaxation
     G = jnp.ones((4, 2))
     H = jnp.asarray(r.normal(size=(3, 2)))
     with pytest.raises(mg.GeometryError, match=r"eps > 0"):
-        mg.horizontal_projection((G, H), (G, H))
-    out = mg.horizontal_projection((G, H), (G + 0.1, H), eps=1e-3)
+        mg.quotient.horizontal_projection((G, H), (G, H))
+    out = mg.quotient.horizontal_projection((G, H), (G + 0.1, H), eps=1e-3)
     assert all(np.isfinite(np.asarray(x)).all() for x in out)
 
 
 def test_quotient_errors():
     G, H = jnp.ones((3, 2)), jnp.ones((4, 3))
     with pytest.raises(mg.GeometryError, match=r"share the symmetry dimension"):
-        mg.gl_metric((G, H), (G, H), (G, H))
+        mg.quotient.gl_metric((G, H), (G, H), (G, H))
     G, H = jnp.eye(3)[:, :2], jnp.eye(4)[:, :2]
     with pytest.raises(mg.GeometryError, match=r"xi has shapes"):
-        mg.horizontal_projection((G, H), (jnp.ones((5, 2)), H))
+        mg.quotient.horizontal_projection((G, H), (jnp.ones((5, 2)), H))
     with pytest.raises(mg.GeometryError, match=r"kind must be"):
-        mg.gl_metric((G, H), (G, H), (G, H), kind="euclid")
+        mg.quotient.gl_metric((G, H), (G, H), (G, H), kind="euclid")
     with pytest.raises(mg.GeometryError, match=r">= 0"):
-        mg.christoffel_quadratic((G, H), (G, H), eps=-1.0)
+        mg.quotient.christoffel_quadratic((G, H), (G, H), eps=-1.0)
     with pytest.raises(mg.GeometryError, match=r"omega must have shape"):
-        mg.vertical_vector((G, H), jnp.ones((3, 3)))
+        mg.quotient.vertical_vector((G, H), jnp.ones((3, 3)))
     with pytest.raises(mg.GeometryError, match=r"pair \(G, H\)"):
-        mg.geodesic_step(G, (G, H))
+        mg.quotient.geodesic_step(G, (G, H))
     with pytest.raises(mg.GeometryError, match=r"same shape"):
-        mg.gl1_geodesic((jnp.ones(2), jnp.ones(3)), (jnp.ones(2), jnp.ones(3)))
+        mg.quotient.gl1_geodesic((jnp.ones(2), jnp.ones(3)), (jnp.ones(2), jnp.ones(3)))
     with pytest.raises(mg.GeometryError, match=r"zero weights"):
-        mg.gl1_horizontal_projection((jnp.array([0.0, 1.0]), jnp.ones(2)), (jnp.ones(2), jnp.ones(2)))
+        mg.quotient.gl1_horizontal_projection((jnp.array([0.0, 1.0]), jnp.ones(2)), (jnp.ones(2), jnp.ones(2)))
 
 
 # ---------------------------------------------------------------------------
@@ -271,23 +271,23 @@ def test_quotient_functions_lose_at_most_cond_times_eps(dtype, cond):
 
     def rel_metric_norm(got, ref):
         d = tuple(jnp.asarray(g, jnp.float64) - e for g, e in zip(got, ref))
-        return float(jnp.sqrt(mg.gl_metric(point64, d, d) / mg.gl_metric(point64, ref, ref)))
+        return float(jnp.sqrt(mg.quotient.gl_metric(point64, d, d) / mg.quotient.gl_metric(point64, ref, ref)))
 
-    ref = mg.horizontal_projection(point64, xi64)
-    assert rel_metric_norm(mg.horizontal_projection(point, xi), ref) <= tol
-    m64 = mg.gl_metric(point64, xi64, xi64)
-    assert abs(float(mg.gl_metric(point, xi, xi)) - float(m64)) <= tol * float(m64)
+    ref = mg.quotient.horizontal_projection(point64, xi64)
+    assert rel_metric_norm(mg.quotient.horizontal_projection(point, xi), ref) <= tol
+    m64 = mg.quotient.gl_metric(point64, xi64, xi64)
+    assert abs(float(mg.quotient.gl_metric(point, xi, xi)) - float(m64)) <= tol * float(m64)
     step64 = tuple(0.1 * x for x in ref)
     step = to(dtype, step64)
-    for got, want in zip(mg.geodesic_step(point, step), mg.geodesic_step(point64, step64)):
+    for got, want in zip(mg.quotient.geodesic_step(point, step), mg.quotient.geodesic_step(point64, step64)):
         err = float(jnp.linalg.norm(jnp.asarray(got, jnp.float64) - want) / jnp.linalg.norm(want))
         assert err <= tol
-    for got, want in zip(mg.christoffel_quadratic(point, step), mg.christoffel_quadratic(point64, step64)):
+    for got, want in zip(mg.quotient.christoffel_quadratic(point, step), mg.quotient.christoffel_quadratic(point64, step64)):
         err = float(jnp.linalg.norm(jnp.asarray(got, jnp.float64) - want) / jnp.linalg.norm(want))
         assert err <= 10 * tol
     # the projection is still a projection in the low precision
-    once = mg.horizontal_projection(point, xi)
-    twice = mg.horizontal_projection(point, once)
+    once = mg.quotient.horizontal_projection(point, xi)
+    twice = mg.quotient.horizontal_projection(point, once)
     assert rel_metric_norm(twice, to(jnp.float64, once)) <= tol
 
 
@@ -303,17 +303,17 @@ def test_singular_pair_rejected_ill_conditioned_accepted(dtype):
     xi = (r.normal(size=(6, 3)), r.normal(size=(5, 3)))
     point, xi = to(dtype, (G, H)), to(dtype, xi)
     for call in (
-        lambda: mg.gl_metric(point, xi, xi),
-        lambda: mg.horizontal_projection(point, xi),
-        lambda: mg.christoffel_quadratic(point, xi),
+        lambda: mg.quotient.gl_metric(point, xi, xi),
+        lambda: mg.quotient.horizontal_projection(point, xi),
+        lambda: mg.quotient.christoffel_quadratic(point, xi),
     ):
         with pytest.raises(mg.GeometryError, match=r"numerically rank deficient at float(32|64).*eps > 0"):
             call()
-    out = mg.horizontal_projection(point, xi, eps=1e-4)
+    out = mg.quotient.horizontal_projection(point, xi, eps=1e-4)
     assert all(bool(jnp.isfinite(x).all()) for x in out)
     big = to(dtype, (side_with_cond(r, 769, 64, 1e4), side_with_cond(r, 769, 64, 3.0)))
     big_xi = to(dtype, (r.normal(size=(769, 64)), r.normal(size=(769, 64))))
-    assert np.isfinite(float(mg.gl_metric(big, big_xi, big_xi)))
+    assert np.isfinite(float(mg.quotient.gl_metric(big, big_xi, big_xi)))
     # the cut-off scales with the dtype
     cut32 = mg.quotient._singular_value_cutoff(769, 64, jnp.float32)
     cut64 = mg.quotient._singular_value_cutoff(769, 64, jnp.float64)
@@ -332,10 +332,10 @@ def test_jitted_frame_reports_rank_instead_of_raising():
     # the public functions cannot raise under jit: NaN for the rank-deficient head, never a number
     Gb = jnp.stack([G, G + jnp.eye(4, 2)])
     Hb = jnp.stack([H, H])
-    out = jax.jit(mg.horizontal_projection)((Gb, Hb), (Gb, Hb))
+    out = jax.jit(mg.quotient.horizontal_projection)((Gb, Hb), (Gb, Hb))
     assert np.isnan(np.asarray(out[0][0])).all() and np.isfinite(np.asarray(out[0][1])).all()
-    assert np.isnan(float(jax.jit(mg.gl_metric)((Gb, Hb), (Gb, Hb), (Gb, Hb))))
-    assert np.isnan(np.asarray(jax.jit(mg.christoffel_quadratic)((Gb, Hb), (Gb, Hb))[1][0])).all()
+    assert np.isnan(float(jax.jit(mg.quotient.gl_metric)((Gb, Hb), (Gb, Hb), (Gb, Hb))))
+    assert np.isnan(np.asarray(jax.jit(mg.quotient.christoffel_quadratic)((Gb, Hb), (Gb, Hb))[1][0])).all()
 
 
 def test_quotient_products_run_at_highest_precision():
@@ -345,10 +345,10 @@ def test_quotient_products_run_at_highest_precision():
     point = random_pair(r, batch=(2,))
     xi = random_tangent(r, point)
     for fn in (
-        lambda p, x: mg.horizontal_projection(p, x),
-        lambda p, x: mg.geodesic_step(p, x),
-        lambda p, x: mg.gl_metric(p, x, x),
-        lambda p, x: mg.riemannian_gradient(p, x),
+        lambda p, x: mg.quotient.horizontal_projection(p, x),
+        lambda p, x: mg.quotient.geodesic_step(p, x),
+        lambda p, x: mg.quotient.gl_metric(p, x, x),
+        lambda p, x: mg.quotient.riemannian_gradient(p, x),
     ):
         with jax.default_matmul_precision("bfloat16"):
             text = str(jax.make_jaxpr(fn)(point, xi))
@@ -389,11 +389,11 @@ def test_relaxed_horizontal_projection_against_dense(dtype, eps):
         xi64 = random_tangent(r, point64)
         M, V, Pi = dense_horizontal_projector(*point64, eps)
         point, xi = to(dtype, point64), to(dtype, xi64)
-        out = mg.horizontal_projection(point, xi, eps=eps)
+        out = mg.quotient.horizontal_projection(point, xi, eps=eps)
         got = np.concatenate([np.asarray(x, np.float64).ravel() for x in out])
         want = Pi @ np.concatenate([np.asarray(x).ravel() for x in xi64])
         np.testing.assert_allclose(got, want, atol=tol * np.abs(want).max())
-        twice = mg.horizontal_projection(point, out, eps=eps)
+        twice = mg.quotient.horizontal_projection(point, out, eps=eps)
         for a, b in zip(twice, out):
             np.testing.assert_allclose(a, b, atol=tol * float(jnp.abs(b).max()))
         scale = np.sqrt(got @ M @ got)
@@ -406,7 +406,7 @@ def test_relaxed_projection_batched_traced_eps_and_riemannian_gradient():
     r = rng(51)
     point = random_pair(r, batch=(2,))
     xi = random_tangent(r, point)
-    proj = jax.jit(lambda p, x, e: mg.horizontal_projection(p, x, eps=e))
+    proj = jax.jit(lambda p, x, e: mg.quotient.horizontal_projection(p, x, eps=e))
     for eps in (0.0, 0.3):
         out = proj(point, xi, eps)
         for k in range(2):
@@ -417,6 +417,6 @@ def test_relaxed_projection_batched_traced_eps_and_riemannian_gradient():
     G, H = random_pair(r)
     R = jnp.asarray(r.normal(size=(G.shape[0], H.shape[0])))
     egrad = jax.grad(lambda p: jnp.sum(jnp.sin(R * (p[0] @ p[1].T))))((G, H))
-    rg = mg.riemannian_gradient((G, H), egrad, eps=0.3)
-    for a, b in zip(mg.horizontal_projection((G, H), rg, eps=0.3), rg):
+    rg = mg.quotient.riemannian_gradient((G, H), egrad, eps=0.3)
+    for a, b in zip(mg.quotient.horizontal_projection((G, H), rg, eps=0.3), rg):
         np.testing.assert_allclose(a, b, atol=1e-12)

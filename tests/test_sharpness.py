@@ -214,8 +214,8 @@ def test_kendall_tau_against_definition():
         * 2
         / (M * (M - 1))
     )
-    np.testing.assert_allclose(mg.kendall_tau(x, y), manual, rtol=1e-12)
-    assert mg.kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
+    np.testing.assert_allclose(mg.stats.kendall_tau(x, y), manual, rtol=1e-12)
+    assert mg.stats.kendall_tau([1, 2, 3], [3, 2, 1]) == pytest.approx(-1.0)
 
 
 def test_sharpness_errors():
@@ -247,7 +247,7 @@ def test_sharpness_errors():
     with pytest.raises(mg.GeometryError, match=r"n_iter"):
         mg.adaptive_sharpness(loss, params, batches, 0.1, key=jax.random.PRNGKey(0), n_iter=0)
     with pytest.raises(mg.GeometryError, match=r"same length"):
-        mg.kendall_tau([1, 2], [1, 2, 3])
+        mg.stats.kendall_tau([1, 2], [1, 2, 3])
 
 
 def test_gl1_geodesic_sharpness_scalar_toy_closed_form():
@@ -338,13 +338,13 @@ def test_search_geometry_matches_the_quotient_functions(eps):
     zG, zH, b, zc = parts
     np.testing.assert_allclose(
         jnp.sum(zG**2) + jnp.sum(zH**2),
-        mg.gl_metric((G, H), (zG @ PH, zH @ QH), (zG @ PH, zH @ QH), eps=eps),
+        mg.quotient.gl_metric((G, H), (zG @ PH, zH @ QH), (zG @ PH, zH @ QH), eps=eps),
         rtol=1e-12,
     )
 
     def perturbed(xiG, xiH, b, zc):
-        G1, H1 = mg.geodesic_step((G, H), (xiG, xiH), eps=eps)
-        u1, v1 = mg.gl1_geodesic(
+        G1, H1 = mg.quotient.geodesic_step((G, H), (xiG, xiH), eps=eps)
+        u1, v1 = mg.quotient.gl1_geodesic(
             (params["u"], params["v"]), (params["u"] * b / np.sqrt(2), params["v"] * b / np.sqrt(2))
         )
         return {
@@ -362,8 +362,8 @@ def test_search_geometry_matches_the_quotient_functions(eps):
     gxG, gxH, gb, gzc = jax.grad(lambda *xs: loss(perturbed(*xs)), argnums=(0, 1, 2, 3))(
         zG @ PH, zH @ QH, b, zc
     )
-    riem = mg.riemannian_gradient((G, H), (gxG, gxH), eps=eps)
-    hG, hH = mg.horizontal_projection((G, H), riem, eps=eps)
+    riem = mg.quotient.riemannian_gradient((G, H), (gxG, gxH), eps=eps)
+    hG, hH = mg.quotient.horizontal_projection((G, H), riem, eps=eps)
     Pm, Qm = jnp.linalg.inv(PH), jnp.linalg.inv(QH)
     np.testing.assert_allclose(fast[0], hG @ Pm, rtol=1e-9, atol=1e-11)
     np.testing.assert_allclose(fast[1], hH @ Qm, rtol=1e-9, atol=1e-11)
@@ -727,26 +727,26 @@ def test_search_space_blocks_against_the_quotient_functions(eps):
         auto = jax.grad(F)(parts)
         if block is glh:
             point = block.sides(w)
-            np.testing.assert_allclose(_sq_norm(parts, jnp.float64), mg.gl_metric(point, tuple(xi), tuple(xi), eps=eps), rtol=1e-12)
-            for a, e in zip(moved, mg.geodesic_step(point, tuple(xi), eps=eps)):
+            np.testing.assert_allclose(_sq_norm(parts, jnp.float64), mg.quotient.gl_metric(point, tuple(xi), tuple(xi), eps=eps), rtol=1e-12)
+            for a, e in zip(moved, mg.quotient.geodesic_step(point, tuple(xi), eps=eps)):
                 np.testing.assert_allclose(a, e, rtol=1e-11, atol=1e-12)
             proj = lambda z: _horizontal_whitened(f, (jnp.swapaxes(f.Gn, -1, -2) @ z[0], jnp.swapaxes(f.Hn, -1, -2) @ z[1]), z)
             # the projection in whitened coordinates is the public one in the coordinates xi = z P^{1/2}
-            pub = mg.horizontal_projection(point, tuple(xi), eps=eps)
+            pub = mg.quotient.horizontal_projection(point, tuple(xi), eps=eps)
             for a, e in zip(block.tangent(w, f, proj(parts)), pub):
                 np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-12)
             expected = proj(auto)
             if eps == 0:  # horizontal: fixed by the projection (with eps > 0 the relaxed formula of
                 # App. G.2 is not idempotent, so only eps = 0 has a horizontal space to check against)
                 rxi = block.tangent(w, f, rg)
-                for a, e in zip(mg.horizontal_projection(point, tuple(rxi)), rxi):
+                for a, e in zip(mg.quotient.horizontal_projection(point, tuple(rxi)), rxi):
                     np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-11)
             d = proj([jnp.asarray(r.normal(size=s)) for s in block.shapes(w)])
         else:
             if block is gl1:
                 (u, v), (xu, xv) = (w[3], w[4]), xi[0]
-                np.testing.assert_allclose(_sq_norm(parts, jnp.float64), mg.gl1_metric((u, v), (xu, xv), (xu, xv)), rtol=1e-12)
-                for a, e in zip(moved[0], mg.gl1_geodesic((u, v), (xu, xv))):
+                np.testing.assert_allclose(_sq_norm(parts, jnp.float64), mg.quotient.gl1_metric((u, v), (xu, xv), (xu, xv)), rtol=1e-12)
+                for a, e in zip(moved[0], mg.quotient.gl1_geodesic((u, v), (xu, xv))):
                     np.testing.assert_allclose(a, e, rtol=1e-13)
             else:
                 np.testing.assert_allclose(_sq_norm(parts, jnp.float64), jnp.sum((xi[0] / jnp.abs(w[5])) ** 2), rtol=1e-12)
@@ -777,7 +777,7 @@ def test_search_space_start_is_horizontal_and_equivariant():
     noise = _normal_like(jax.random.PRNGKey(3), glh.noise_like(w, f))
     xi = glh.tangent(w, f, glh.start(w, f, noise))
     point = glh.sides(w)
-    for a, e in zip(mg.horizontal_projection(point, tuple(xi)), xi):
+    for a, e in zip(mg.quotient.horizontal_projection(point, tuple(xi)), xi):
         np.testing.assert_allclose(a, e, rtol=1e-10, atol=1e-12)
     A = jnp.stack([random_invertible(rng(42), 3) * 2.0 for _ in range(2)])
     moved_w = list(w)

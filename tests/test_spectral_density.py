@@ -37,7 +37,7 @@ def _dense_E(S, Gmat):
 
 
 def _metrics(G, w):
-    return {"euclidean": (None, None), "diagonal": (mg.metrics.diagonal(w), jnp.diag(w)), "dense": (mg.dense_metric(G), G)}
+    return {"euclidean": (None, None), "diagonal": (mg.metrics.diagonal(w), jnp.diag(w)), "dense": (mg.metrics.dense(G), G)}
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -96,11 +96,11 @@ def test_density_of_E_is_invariant_with_transported_probes_and_the_hessian_s_is_
     y = jnp.zeros(d)  # phi(0) = 0: the same critical point
     J = jax.jacfwd(phi)(y)
     f2 = lambda t: f(phi(t))
-    metric2 = mg.dense_metric(lambda t: jax.jacfwd(phi)(t).T @ G @ jax.jacfwd(phi)(t))
+    metric2 = mg.metrics.dense(lambda t: jax.jacfwd(phi)(t).T @ G @ jax.jacfwd(phi)(t))
     Z = jax.random.normal(jax.random.PRNGKey(4), (5, d), jnp.float64) @ jnp.linalg.cholesky(G).T  # covariance G
     Z2 = Z @ J  # covectors: z' = J^T z, row by row
     key = jax.random.PRNGKey(5)
-    one = mg.spectral_density(f, x, key, metric=mg.dense_metric(G), probes=Z, num_iterations=8, tol=1e-13)
+    one = mg.spectral_density(f, x, key, metric=mg.metrics.dense(G), probes=Z, num_iterations=8, tol=1e-13)
     two = mg.spectral_density(f2, y, key, metric=metric2, probes=Z2, num_iterations=8, tol=1e-13)
     np.testing.assert_allclose(np.asarray(two.nodes), np.asarray(one.nodes), atol=1e-8 * float(jnp.max(jnp.abs(one.nodes))))
     np.testing.assert_allclose(np.asarray(two.weights), np.asarray(one.weights), atol=1e-8)
@@ -208,7 +208,7 @@ def test_bad_input_raises():
     with pytest.raises(mg.GeometryError):
         mg.spectral_density(f, x, 3)
     with pytest.raises(mg.GeometryError, match="not positive definite"):
-        mg.spectral_density(f, x, key, metric=mg.dense_metric(-G))
+        mg.spectral_density(f, x, key, metric=mg.metrics.dense(-G))
     with pytest.raises(mg.GeometryError, match="sigma"):
         dens.density(jnp.zeros(3), 0.0)
     with pytest.raises(mg.GeometryError, match="non-negative int"):

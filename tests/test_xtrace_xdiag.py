@@ -70,7 +70,7 @@ def test_xtrace_equals_its_leave_one_out_definition_also_for_non_symmetric_e(kin
     metric, Gm = {
         "euclidean": (None, np.eye(15)),
         "diagonal": (mg.metrics.diagonal(jnp.asarray(w)), np.diag(w)),
-        "dense": (mg.dense_metric(jnp.asarray(G)), G),
+        "dense": (mg.metrics.dense(jnp.asarray(G)), G),
     }[kind]
     E = np.linalg.solve(Gm, np.asarray(A))
     key = jax.random.PRNGKey(3)

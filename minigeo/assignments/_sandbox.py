@@ -172,7 +172,8 @@ def _blocker(name: str):
 
 
 def block(names: list[str]) -> None:
-    """Replace each public ``minigeo.<name>`` by a function that raises, in every minigeo module."""
+    """Replace each public ``minigeo.<name>`` (``<name>`` may be ``quotient.gl_metric``) by a function
+    that raises, in every minigeo module."""
     import pkgutil
 
     import minigeo
@@ -183,8 +184,10 @@ def block(names: list[str]) -> None:
                 importlib.import_module(info.name)
             except Exception:  # an optional dependency missing: nothing of it can be used either
                 pass
-    for name in names:
-        original = getattr(minigeo, name, None)
+    for name in names:  # "ggn", or a namespaced name: "quotient.horizontal_projection"
+        original = minigeo
+        for part in name.split("."):
+            original = getattr(original, part, None)
         if original is None:
             continue
         stand_in = _blocker(name)

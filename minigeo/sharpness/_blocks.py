@@ -9,7 +9,7 @@ the perturbed weights and back:
 * :class:`_GL1Pair`: an element-wise GL(1) pair, moved along its exact horizontal geodesic;
 * :class:`_ElementWise`: any other leaf, perturbed element-wise with the adaptive norm.
 
-:class:`_Geometry` puts the blocks of a :class:`~minigeo.SymmetrySpec` side by side.  **Adding a
+:class:`_Geometry` puts the blocks of a :class:`~minigeo.sharpness.SymmetrySpec` side by side.  **Adding a
 symmetry kind = adding one** :class:`_Block` **subclass here and registering it in** :class:`_Geometry`
 (in ``__init__``, from the spec's field for that kind); the ascent and the drivers need no change.
 """

@@ -3,7 +3,7 @@ r"""The drivers of :mod:`minigeo.sharpness`: :func:`adaptive_sharpness` and :fun
 Each validates its arguments (eagerly, before anything is compiled), factors metric (15) once at the
 base point, runs the compiled ascent of :mod:`minigeo.sharpness._ascent` over the stack of batches on
 the search space of :mod:`minigeo.sharpness._blocks`, and turns the outcome into a
-:class:`~minigeo.SharpnessResult` with a ``status`` (under ``jit``) or a :class:`~minigeo.GeometryError`
+:class:`~minigeo.sharpness.SharpnessResult` with a ``status`` (under ``jit``) or a :class:`~minigeo.GeometryError`
 (eagerly).
 """
 

@@ -96,7 +96,7 @@ class WithBias(NamedTuple):
     --------
     >>> import minigeo as mg
     >>> side = mg.with_bias(("attn", "W_v"), ("attn", "b_v"))
-    >>> isinstance(side, mg.WithBias), side.bias
+    >>> isinstance(side, mg.sharpness.WithBias), side.bias
     (True, ('attn', 'b_v'))
 
     References
