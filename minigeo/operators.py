@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import functools
 import itertools
-from typing import Any, Callable, Iterable, Iterator, Sequence, Union
+from typing import Any, Callable, Iterable, Iterator, Union
 
 import jax
 import jax.numpy as jnp
@@ -34,6 +34,7 @@ from ._checks import (
     check_same_structure,
     check_working_precision,
 )
+from ._batches import Batch, Batches, batches_of
 from ._compile import jit_per_callable, one_trace_per_call
 from ._linalg import check_damping
 from ._restrict import restriction
@@ -63,141 +64,12 @@ __all__ = [
     "empirical_fisher_operator",
 ]
 
-Batch = Any
 BatchSource = Union[Iterable[Batch], Callable[[], Iterable[Batch]]]
 
 
 # ---------------------------------------------------------------------------
 # batches and progress bars
 # ---------------------------------------------------------------------------
-class Batches(Sequence):
-    r"""An in-memory dataset cut into consecutive batches; re-iterable, with a length.
-
-    No formula: batch :math:`i` holds examples ``i * batch_size`` to ``(i + 1) * batch_size - 1``.
-
-    Every batch it makes satisfies the example-count rule of :class:`~minigeo.operators.CurvatureOperator`
-    (every leaf has the example axis first, and they agree), and it has a length, so every pass
-    over it is finite.  :meth:`stacked` gives the stacked form the sharpness functions take.
-
-    Parameters
-    ----------
-    data : pytree of arrays
-        A pytree of arrays with a common leading example axis, e.g. ``(inputs, labels)``.
-    batch_size : int
-        Examples per batch; the last batch holds the remainder unless ``drop_remainder``.
-    drop_remainder : bool, optional
-        Drop the last, smaller batch (one compiled program instead of two).
-
-    Raises
-    ------
-    GeometryError
-        If ``data`` has no arrays with a leading axis, the arrays disagree on the number of
-        examples, ``batch_size`` is not a positive int, or no batch remains.
-
-    Examples
-    --------
-    >>> import jax.numpy as jnp
-    >>> import minigeo as mg
-    >>> b = mg.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 4)
-    >>> len(b), [x.shape[0] for x, _ in b]
-    (3, [4, 4, 2])
-    >>> [x.shape for x in mg.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 5).stacked()]
-    [(2, 5, 3), (2, 5)]
-
-    References
-    ----------
-    No formula from the source papers: the data side of :class:`~minigeo.operators.CurvatureOperator`.
-    Taught in chapter 4, *Invariant Hessians*.
-    """
-
-    def __init__(self, data: PyTree, batch_size: int, drop_remainder: bool = False) -> None:
-        leaves = jax.tree_util.tree_leaves(data)
-        if not leaves or any(jnp.ndim(x) < 1 for x in leaves):
-            raise GeometryError("batches_of: data must be a pytree of arrays with a leading example axis.")
-        sizes = {int(jnp.shape(x)[0]) for x in leaves}
-        if len(sizes) != 1:
-            raise GeometryError(
-                f"batches_of: the arrays of data have different numbers of examples {sorted(sizes)}; "
-                "their leading axes must agree."
-            )
-        if not (isinstance(batch_size, (int, np.integer)) and batch_size >= 1):
-            raise GeometryError(f"batches_of: batch_size must be a positive int, got {batch_size!r}.")
-        self.data, self.batch_size = data, int(batch_size)
-        self.num_examples = sizes.pop()
-        full, rest = divmod(self.num_examples, self.batch_size)
-        self._len = full + (1 if rest and not drop_remainder else 0)
-        if self._len == 0:
-            raise GeometryError(
-                f"batches_of: no batch: {self.num_examples} examples, batch_size {batch_size} and "
-                "drop_remainder=True."
-            )
-
-    def __len__(self) -> int:
-        return self._len
-
-    def stacked(self) -> PyTree:
-        """The batches stacked along a new leading axis: every leaf ``(len(self), batch_size, ...)``.
-
-        The form :func:`~minigeo.adaptive_sharpness` and :func:`~minigeo.geodesic_sharpness` take.
-        Needs equal batches: ``drop_remainder=True`` or a number of examples divisible by ``batch_size``.
-        """
-        if self.num_examples % self.batch_size and self._len * self.batch_size > self.num_examples:
-            raise GeometryError(
-                f"batches_of: cannot stack {self.num_examples} examples into batches of {self.batch_size}: the last "
-                "batch is smaller. Use drop_remainder=True or a batch_size that divides the number of examples."
-            )
-        k, b = self._len, self.batch_size
-        return jax.tree_util.tree_map(lambda x: x[: k * b].reshape((k, b) + tuple(jnp.shape(x)[1:])), self.data)
-
-    def __getitem__(self, i: int) -> Batch:  # type: ignore[override]
-        if not -self._len <= i < self._len:
-            raise IndexError(f"batch {i} of {self._len}")
-        start = (i % self._len) * self.batch_size
-        return jax.tree_util.tree_map(lambda x: x[start : start + self.batch_size], self.data)
-
-
-def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -> Batches:
-    r"""Cut an in-memory dataset into consecutive batches (see :class:`~minigeo.operators.Batches`).
-
-    No formula: batch :math:`i` holds examples ``i * batch_size`` to ``(i + 1) * batch_size - 1``.
-
-    Parameters
-    ----------
-    data : pytree of arrays
-        A pytree of arrays with a common leading example axis: **every** leaf is per-example (a
-        leaf shared by all examples does not belong in ``data``; close over it in the loss, or
-        pass your own batches with ``examples=`` to the operator).
-    batch_size : int
-        Examples per batch.
-    drop_remainder : bool, optional
-        Drop the last, smaller batch.
-
-    Returns
-    -------
-    :class:`~minigeo.operators.Batches`
-        A re-iterable sequence of batches (pytrees like ``data``) with a length, so that every pass over
-        it is finite; ``.stacked()`` gives the stacked form of the sharpness functions.
-
-    Raises
-    ------
-    GeometryError
-        If the arrays disagree on the number of examples or ``batch_size`` is not positive.
-
-    Examples
-    --------
-    >>> import jax.numpy as jnp
-    >>> import minigeo as mg
-    >>> [int(x.sum()) for x in mg.batches_of(jnp.arange(5), 2)]
-    [1, 5, 4]
-
-    References
-    ----------
-    No formula from the source papers: the data side of :class:`~minigeo.operators.CurvatureOperator`.
-    Taught in chapter 4, *Invariant Hessians*.
-    """
-    return Batches(data, batch_size, drop_remainder)
-
-
 def _progress(iterable: Iterable, progress: Any, desc: str, total: int | None = None) -> Iterable:
     """Wrap ``iterable`` in a progress bar: ``progress`` False, True (tqdm) or a tqdm-like class."""
     if progress is False or progress is None:

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .._batches import Batches
 from .._checks import GeometryError, as_float_point, check_finite, check_key, check_same_structure, is_concrete
 from .._compile import jit_per_callable
 from .._pairs import _eps_that_works
@@ -73,6 +74,11 @@ def _check_rho(rho: Any, dtype=None) -> None:
 def _check_restarts(n_restarts: Any) -> None:
     if isinstance(n_restarts, bool) or not (isinstance(n_restarts, (int, np.integer)) and n_restarts >= 0):
         raise GeometryError(f"n_restarts must be an int >= 0, got {n_restarts!r}.")
+
+
+def _as_stack(batches: Any) -> PyTree:
+    """``mg.batches_of(...)`` as its stack (the one batches type, issue 53); a stacked pytree unchanged."""
+    return batches.stacked() if isinstance(batches, Batches) else batches
 
 
 def _check_stacked(batches: PyTree, who: str) -> int:
@@ -349,15 +355,16 @@ def adaptive_sharpness(
         function or a fixed lambda), as it is a static argument of the compiled loop.
     params : pytree
         The weights :math:`w`.
-    batches : pytree
+    batches : pytree or Batches
         A **stack** of batches: every leaf of shape ``(num_batches, batch_size, ...)``, the leading
         batch-index axis shared by all leaves, each batch keeping its own example axis (so every leaf has
         at least two axes, and all leaves agree on the batch size, axis 1, as the leaves of a batch agree
         on the example axis in the curvature operators; a per-batch value that is not per-example is
         repeated along that axis or closed over in ``loss_fn``).  ``loss_fn`` receives one
         entry ``batch = tree_map(lambda x: x[b], batches)``; the result is averaged over batches.  Stack
-        one batch with ``tree_map(lambda x: x[None], batch)``, a dataset with
-        ``mg.batches_of(data, batch_size, drop_remainder=True).stacked()``.
+        one batch with ``tree_map(lambda x: x[None], batch)``.  Or a dataset's
+        ``mg.batches_of(data, batch_size, drop_remainder=True)``, the batches the curvature operators
+        take, which is stacked here (every batch of the same size).
     rho : float
         Radius of the adaptive L2 ball :math:`\lVert\delta/|w|\rVert_2 \le \rho`; at most ``1/eps`` of the
         loss's dtype (8.4e6 in float32, 4.5e15 in float64), beyond which ``w + delta`` no longer
@@ -419,6 +426,7 @@ def adaptive_sharpness(
     *Hide & Seek*, eqs. (1) to (3), App. C.2. Chapters 6 and 7.
     """
     who = "adaptive_sharpness"
+    batches = _as_stack(batches)
     if spec is not None:
         _check_spec(spec, params, who)
     geometry = _Geometry(spec, adaptive=True)
@@ -475,9 +483,9 @@ def geodesic_sharpness(
         ``loss_fn(params, batch) -> scalar``; hashable (a static argument of the compiled loop).
     params : pytree
         The weights :math:`w`.
-    batches : pytree
-        A stack of batches, every leaf of shape ``(num_batches, batch_size, ...)`` (see
-        :func:`adaptive_sharpness`).
+    batches : pytree or Batches
+        A stack of batches, every leaf of shape ``(num_batches, batch_size, ...)``, or
+        ``mg.batches_of(...)`` (see :func:`adaptive_sharpness`).
     spec : SymmetrySpec
         The symmetries, from :func:`symmetry_spec`.
     rho : float
@@ -532,6 +540,7 @@ def geodesic_sharpness(
     da Silva, Dangel & Oore (2025), *Hide & Seek*, eqs. (6) and (8); App. C.1, C.2 (Algorithm 1). Chapters 6 and 7.
     """
     who = "geodesic_sharpness"
+    batches = _as_stack(batches)
     _check_spec(spec, params, who)
     return _over_batches(
         loss_fn, _Geometry(spec, second_order=second_order), params, batches, rho, key, n_iter, momentum, return_perturbation, who, n_restarts,
