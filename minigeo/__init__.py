@@ -27,6 +27,8 @@ reference's architecture page draws the map and ``tests/test_layering.py`` check
 * floor 2 :mod:`minigeo.quotient`: GL(h)/GL(1) quotient geometry (metric (15),
   vertical and horizontal spaces, Riemannian gradient, geodesics; chapter 6).
 * floor 3 :mod:`minigeo.reparam`: built-in reparametrizations (chapter 1).
+* floor 3 :mod:`minigeo.kronecker`: Kronecker-factored metrics of dense layers, KFAC and EKFAC, with
+  exact factored solves (chapter 2).
 * floor 3 :mod:`minigeo.natgrad`: Gram matrices, Moore-Penrose natural parameter
   gradients, matrix-free natural gradients and an optax preconditioner (chapter 3).
 * floor 3 :mod:`minigeo.curvature`: HVPs, Hessians, Christoffel symbols, the
@@ -51,12 +53,13 @@ Every module lists its public names in ``__all__``; this file re-exports them
 all (``minigeo.metrics.dense`` as ``dense_metric``, to keep the name unambiguous).
 """
 
-from . import coords, curvature, densities, metrics, natgrad, operators, parallel, quotient, reparam, sharpness, stats
+from . import coords, curvature, densities, kronecker, metrics, natgrad, operators, parallel, quotient, reparam, sharpness, stats
 from ._checks import GeometryError
 from ._status import Status
 from .coords import *  # noqa: F403
 from .curvature import *  # noqa: F403
 from .densities import *  # noqa: F403
+from .kronecker import *  # noqa: F403
 from .metrics import *  # noqa: F403
 from .metrics import dense as dense_metric
 from .natgrad import *  # noqa: F403
@@ -115,6 +118,7 @@ __all__ = [
     *natgrad.__all__,
     *curvature.__all__,
     *densities.__all__,
+    *kronecker.__all__,
     *operators.__all__,
     *(name for name in sharpness.__all__ if name != "kendall_tau"),  # kendall_tau: from stats
     *parallel.__all__,

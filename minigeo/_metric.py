@@ -74,7 +74,7 @@ class Metric:
     solve_fn : callable, optional
         A structure tag: ``(params, rhs, damping) -> (x, status)`` with :math:`x = (G(\theta) +
         \lambda I)^{-1}\,\mathrm{rhs}` exactly, for a metric with a factored inverse (the
-        Kronecker-factored metrics of :mod:`minigeo.kfac`), and a :class:`~minigeo.Status` code
+        Kronecker-factored metrics of :mod:`minigeo.kronecker`), and a :class:`~minigeo.Status` code
         (``x`` NaN unless it is 0).  :meth:`solve` then uses it instead of conjugate gradients.
 
     Raises

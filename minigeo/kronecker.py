@@ -466,7 +466,7 @@ def kfac(
     ``method="factored"``), never forming a :math:`d\times d` matrix.  Exact (equal to the block of
     the GGN) for one example, ``N = 1``, and more generally whenever
     :math:`\bar x_n \bar x_n^\top` or :math:`\sum_r g_{n,r}g_{n,r}^\top` is the same for every example.
-    Which parameters count as dense layers, and what happens to the others: see :mod:`minigeo.kfac`.
+    Which parameters count as dense layers, and what happens to the others: see :mod:`minigeo.kronecker`.
 
     Parameters
     ----------
