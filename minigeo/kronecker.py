@@ -57,7 +57,7 @@ from ._status import Status
 from ._tree import PyTree
 from .metrics import Likelihood, Metric, categorical_likelihood, gaussian_likelihood
 
-__all__ = ["KroneckerFactor", "kfac", "ekfac", "kfac_factors"]
+__all__ = ["KroneckerFactor", "KroneckerEigenbasis", "kfac", "ekfac", "kfac_factors", "kronecker_eigenbasis"]
 
 
 class KroneckerFactor(NamedTuple):
@@ -94,6 +94,48 @@ class KroneckerFactor(NamedTuple):
     bias: str | None
     A: jax.Array
     B: jax.Array
+
+
+class KroneckerEigenbasis(NamedTuple):
+    r"""One layer's block of a KFAC or EKFAC metric in its eigenbasis: :math:`(Q_A\otimes Q_B)\,\mathrm{diag}(s)\,(Q_A\otimes Q_B)^\top`.
+
+    Attributes
+    ----------
+    weight : str
+        The path of the weight leaf (``jax.tree_util.keystr``).
+    bias : str or None
+        The path of its bias leaf, or ``None``.
+    QA : jax.Array
+        Eigenvectors of :math:`A`, ``(in + 1, in + 1)`` with a bias, ``(in, in)`` without.
+    QB : jax.Array
+        Eigenvectors of :math:`B`, ``(out, out)``.
+    eigenvalues : jax.Array
+        :math:`s`, shape ``(in (+1), out)``: ``s[i, j]`` belongs to the eigenvector
+        :math:`q_{A,i}\otimes q_{B,j}`; :math:`\lambda_{A,i}\lambda_{B,j}` for KFAC, the projected
+        second moments for EKFAC.  The damping of the metric is not included.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X = jnp.array([[1.0, 0.0], [0.0, 2.0]])
+    >>> K = mg.kfac(lambda p, x: x @ p["W"], "gaussian", {"W": jnp.zeros((2, 1))}, batch=(X, None))
+    >>> (e,) = mg.kronecker_eigenbasis(K)
+    >>> e.eigenvalues.ravel().tolist()  # eigenvalues of A = diag(1, 4) / 2, times B = 1
+    [0.5, 2.0]
+
+    References
+    ----------
+    Martens & Grosse (2015), "Optimizing Neural Networks with Kronecker-factored Approximate
+    Curvature" (ICML); George et al. (2018), "Fast Approximate Natural Gradient Descent in a
+    Kronecker-factored Eigenbasis" (NeurIPS). Chapters 2 and 5.
+    """
+
+    weight: str
+    bias: str | None
+    QA: jax.Array
+    QB: jax.Array
+    eigenvalues: jax.Array
 
 
 class _Layer(NamedTuple):
@@ -326,7 +368,19 @@ def _check_point(params: PyTree, treedef: Any, shapes: list, who: str) -> list:
     return leaves
 
 
-def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks: list, kind: str) -> Metric:
+class _FactoredProduct:
+    """The product function of a Kronecker-factored metric, holding its eigenbasis (read by
+    :func:`kronecker_eigenbasis`)."""
+
+    def __init__(self, mv: Callable, eigenbasis: Callable[[], list]) -> None:
+        self._mv, self.eigenbasis = mv, eigenbasis
+
+    def __call__(self, params: PyTree, v: PyTree) -> PyTree:
+        return self._mv(params, v)
+
+
+def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks: list, kind: str,
+            paths: list) -> Metric:
     """The block-diagonal metric of the factored blocks: ``kind="kfac"`` blocks ``(A, B, lamA, QA, lamB, QB)``,
     ``kind="ekfac"`` blocks ``(S, QA, QB)``."""
 
@@ -368,7 +422,65 @@ def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks:
         out = [jnp.where(status == Status.OK, x, jnp.nan) for x in out]
         return jax.tree_util.tree_unflatten(treedef, out), status
 
-    return Metric(mv, name, solve_fn=solve)
+    def eigenbasis() -> list[KroneckerEigenbasis]:
+        out = []
+        for layer, block in zip(layers, blocks):
+            if kind == "kfac":
+                lamA, QA, lamB, QB = block[2:]
+                S = lamA[:, None] * lamB[None, :]
+            else:
+                S, QA, QB = block
+            bias = None if layer.bias is None else paths[layer.bias]
+            out.append(KroneckerEigenbasis(paths[layer.weight], bias, QA, QB, S))
+        return out
+
+    return Metric(_FactoredProduct(mv, eigenbasis), name, solve_fn=solve)
+
+
+def kronecker_eigenbasis(metric: Metric) -> list[KroneckerEigenbasis]:
+    r"""The eigenbasis and eigenvalues of every layer's block of a :func:`kfac` or :func:`ekfac` metric.
+
+    .. math:: G_\ell = (Q_{A,\ell}\otimes Q_{B,\ell})\,\mathrm{diag}(s_\ell)\,(Q_{A,\ell}\otimes Q_{B,\ell})^\top,
+
+    what log-determinants, samples and marginal variances of a Kronecker-factored Laplace posterior
+    are computed from (:func:`~minigeo.laplace_posterior` with ``structure="kfac"``).
+
+    Parameters
+    ----------
+    metric : :class:`~minigeo.Metric`
+        A metric made by :func:`kfac` or :func:`ekfac` (its damping is not included).
+
+    Returns
+    -------
+    list of :class:`~minigeo.KroneckerEigenbasis`
+        One per dense layer, in the order of the model's program.
+
+    Raises
+    ------
+    GeometryError
+        For any other metric.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X = jnp.array([[1.0, 2.0]])
+    >>> K = mg.kfac(lambda p, x: x @ p["W"], "gaussian", {"W": jnp.zeros((2, 1))}, batch=(X, None))
+    >>> [e.eigenvalues.shape for e in mg.kronecker_eigenbasis(K)]
+    [(2, 1)]
+
+    References
+    ----------
+    Martens & Grosse (2015), "Optimizing Neural Networks with Kronecker-factored Approximate
+    Curvature" (ICML). Chapters 2 and 5.
+    """
+    fn = getattr(metric, "mv_fn", None)
+    if not isinstance(fn, _FactoredProduct):
+        raise GeometryError(
+            f"kronecker_eigenbasis: needs a metric made by mg.kfac or mg.ekfac; got "
+            f"{getattr(metric, 'name', type(metric).__name__)!r}."
+        )
+    return fn.eigenbasis()
 
 
 def _factors(model_fn, likelihood, params, batch, reduction, mc_samples, key, who):
@@ -523,7 +635,7 @@ def kfac(
     Curvature" (ICML); the "type-2" factor :math:`B` as in curvlinops' ``KFACLinearOperator``.
     Chapter 2.
     """
-    lik, treedef, shapes, _, layers, stats = _factors(
+    lik, treedef, shapes, paths, layers, stats = _factors(
         model_fn, likelihood, params, batch, reduction, mc_samples, key, "kfac"
     )
     blocks = []
@@ -532,7 +644,7 @@ def kfac(
         B = c * jnp.einsum("rno,rnp->op", g, g)
         blocks.append((A, B, *_eigh(A), *_eigh(B)))
     name = f"{'MC ' if mc_samples is not None else ''}KFAC ({lik.name})"
-    return _metric(name, treedef, shapes, layers, blocks, "kfac")
+    return _metric(name, treedef, shapes, layers, blocks, "kfac", paths)
 
 
 def ekfac(
@@ -589,7 +701,7 @@ def ekfac(
     George, Laurent, Bouthillier, Ballas & Vincent (2018), "Fast Approximate Natural Gradient
     Descent in a Kronecker-factored Eigenbasis" (NeurIPS); Martens & Grosse (2015). Chapter 2.
     """
-    lik, treedef, shapes, _, layers, stats = _factors(
+    lik, treedef, shapes, paths, layers, stats = _factors(
         model_fn, likelihood, params, batch, reduction, mc_samples, key, "ekfac"
     )
     blocks = []
@@ -600,4 +712,4 @@ def ekfac(
         S = c * (xt * xt).T @ jnp.sum(gt * gt, axis=0)
         blocks.append((S, QA, QB))
     name = f"{'MC ' if mc_samples is not None else ''}EKFAC ({lik.name})"
-    return _metric(name, treedef, shapes, layers, blocks, "ekfac")
+    return _metric(name, treedef, shapes, layers, blocks, "ekfac", paths)
