@@ -497,3 +497,65 @@ def test_agrees_with_curvlinops_on_a_torch_mlp(which, dtype):
         worst = max(worst, np.abs(ours - theirs).max() / np.abs(theirs).max())
     print(f"{which} {np.dtype(dtype).name}: max relative difference to curvlinops {worst:.2e}")
     assert worst < tol(dtype), worst
+
+
+# ---------------------------------------------------------------------------
+# (5) the Kronecker-factored Laplace posterior against the dense one of the same precision
+# ---------------------------------------------------------------------------
+def _laplace_pair(which, dtype, alpha=0.5):
+    params, model, X = mlp(30, sizes=(3, 5, 4), n=8, dtype=dtype, bias=(True, False))
+    M = getattr(mg, which)(model, "categorical", params, batch=(X, None))
+    nll = lambda p: jnp.sum(model(p, X) ** 2)  # not differentiated: the curvature is given
+    full = mg.laplace_posterior(nll, params, curvature=M, prior_precision=alpha)
+    kron = mg.laplace_posterior(nll, params, curvature=M, prior_precision=alpha, structure="kfac")
+    return params, full, kron
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("which", ["kfac", "ekfac"])
+def test_kronecker_laplace_matches_the_dense_posterior_of_the_kfac_matrix(which, dtype):
+    params, full, kron = _laplace_pair(which, dtype)
+    assert isinstance(kron, mg.KroneckerLaplacePosterior) and int(kron.status) == 0
+    logdet = 2 * np.sum(np.log(np.diag(np.asarray(full.cholesky, np.float64))))
+    d = len(full.precision)
+    np.testing.assert_allclose(float(kron.log_det_precision()), logdet, rtol=0, atol=tol(dtype) * d)
+    C = np.asarray(full.covariance(), np.float64)
+    np.testing.assert_allclose(np.asarray(kron.covariance(), np.float64), C, atol=tol(dtype) * np.abs(C).max())
+    mv_full = np.asarray(jax.flatten_util.ravel_pytree(full.marginal_variance())[0], np.float64)
+    mv_kron = np.asarray(jax.flatten_util.ravel_pytree(kron.marginal_variance())[0], np.float64)
+    np.testing.assert_allclose(mv_kron, mv_full, atol=tol(dtype) * np.abs(mv_full).max())
+
+
+def test_kronecker_laplace_samples_have_the_dense_covariance():
+    params, full, kron = _laplace_pair("kfac", jnp.float64)
+    n = 40_000
+    draws = kron.sample(jax.random.PRNGKey(3), n)
+    flat = np.asarray(jax.vmap(lambda t: jax.flatten_util.ravel_pytree(t)[0])(draws))
+    mean = np.asarray(jax.flatten_util.ravel_pytree(params)[0])
+    steps = flat - mean
+    P = np.asarray(full.precision)
+    d = len(P)
+    # the Mahalanobis norms are chi-square with d degrees of freedom: mean d, standard error sqrt(2 d / n)
+    maha = np.einsum("ni,ij,nj->n", steps, P, steps)
+    assert abs(maha.mean() - d) < 5 * np.sqrt(2 * d / n)
+    C = np.asarray(full.covariance())
+    emp = steps.T @ steps / n
+    assert np.abs(emp - C).max() < 5 * np.sqrt(2.0 / n) * np.abs(np.diag(C)).max()
+    assert np.abs(steps.mean(0)).max() < 5 * np.sqrt(np.diag(C).max() / n)
+
+
+def test_kronecker_laplace_bad_inputs_raise():
+    params, model, X = mlp(31, n=6)
+    nll = lambda p: jnp.sum(model(p, X) ** 2)
+    with pytest.raises(mg.GeometryError, match="structure must be"):
+        mg.laplace_posterior(nll, params, structure="diagonal")
+    with pytest.raises(mg.GeometryError, match="needs curvature=mg.kfac"):
+        mg.laplace_posterior(nll, params, structure="kfac")
+    with pytest.raises(mg.GeometryError, match="mg.kfac or mg.ekfac"):
+        mg.laplace_posterior(nll, params, curvature=mg.fisher(model, batch=(X, None)), structure="kfac")
+    one = mlp(31, n=1)  # one example: singular factors, and no prior
+    K = mg.kfac(one[1], "categorical", one[0], batch=(one[2], None))
+    with pytest.raises(mg.GeometryError, match="NOT_POSITIVE_DEFINITE"):
+        mg.laplace_posterior(nll, one[0], curvature=K, structure="kfac")
+    post = jax.jit(lambda p: mg.laplace_posterior(nll, p, curvature=K, structure="kfac").status)(one[0])
+    assert int(post) == mg.Status.NOT_POSITIVE_DEFINITE
