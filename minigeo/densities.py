@@ -49,6 +49,7 @@ __all__ = [
     "laplace_log_marginal_likelihood",
     "LaplacePosterior",
     "KroneckerLaplacePosterior",
+    "DiagonalLaplacePosterior",
     "laplace_posterior",
     "GLMPredictive",
     "glm_predictive",
@@ -700,7 +701,104 @@ class KroneckerLaplacePosterior(NamedTuple):
         return jax.tree_util.tree_unflatten(treedef, draws)
 
 
-_STRUCTURES = ("full", "kfac")
+class DiagonalLaplacePosterior(NamedTuple):
+    r"""The Laplace posterior with a diagonal precision: :math:`\Sigma^{-1} = \mathrm{diag}(c) + \alpha I`.
+
+    .. math:: \log\det\Sigma^{-1} = \sum_i \log(c_i + \alpha),\qquad
+        \theta = \theta^* + z \oslash \sqrt{c + \alpha},\quad z\sim\mathcal N(0, I),
+
+    :math:`c` the diagonal of the curvature (exact for a diagonal metric and for KFAC / EKFAC, whose
+    diagonals are :math:`\mathrm{diag}(A)\otimes\mathrm{diag}(B)` and :math:`(Q_A^{\odot 2})\,s\,(Q_B^{\odot 2})^\top`
+    per layer; read off the dense matrix otherwise).
+
+    Attributes
+    ----------
+    mean : pytree
+        :math:`\theta^*`.
+    precision : pytree
+        :math:`c + \alpha`, shaped like the parameters.
+    status : jax.Array
+        int32 :class:`~minigeo.Status` (``NOT_POSITIVE_DEFINITE`` if some entry is :math:`\le 0`).
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> L = lambda t: 0.5 * jnp.sum(jnp.array([1.0, 4.0]) * t**2)
+    >>> post = mg.laplace_posterior(L, jnp.zeros(2), structure="diag")
+    >>> post.marginal_variance()
+    Array([1.  , 0.25], dtype=float32)
+
+    References
+    ----------
+    MacKay (1992); Kristiadi, Dangel & Hennig (2023), Sec. 4.2. Chapter 5.
+    """
+
+    mean: PyTree
+    precision: PyTree
+    status: jax.Array = Status.OK
+
+    def log_det_precision(self) -> jax.Array:
+        r""":math:`\sum_i \log(c_i + \alpha)`."""
+        return jnp.sum(jnp.log(ravel(self.precision)[0]))
+
+    def marginal_variance(self) -> PyTree:
+        r""":math:`1 / (c + \alpha)`, shaped like the parameters."""
+        return jax.tree_util.tree_map(lambda p: 1.0 / p, self.precision)
+
+    def covariance(self) -> jax.Array:
+        r"""The dense diagonal :math:`\Sigma`, ``(d, d)``."""
+        return jnp.diag(1.0 / ravel(self.precision)[0])
+
+    def sample(self, key: jax.Array, num_samples: int) -> PyTree:
+        r"""``num_samples`` draws :math:`\theta^* + z \oslash \sqrt{c + \alpha}`, stacked on a leading axis."""
+        check_key(key, "DiagonalLaplacePosterior.sample")
+        flat, unravel = ravel(self.mean)
+        z = jax.random.normal(key, (int(num_samples), flat.size), flat.dtype)
+        return jax.vmap(unravel)(flat + z / jnp.sqrt(ravel(self.precision)[0]))
+
+
+def _curvature_diagonal(neg_log_joint: Callable, params: PyTree, curvature: Any, max_size: int) -> jax.Array:
+    """The diagonal of the curvature, flat: from a Kronecker or diagonal structure, else the dense matrix's."""
+    if curvature is not None and curvature.diagonal_fn is not None:
+        return ravel(curvature.diagonal_fn(params))[0] + curvature.damping
+    if curvature is not None and curvature.solve_fn is not None:
+        try:
+            basis = kronecker_eigenbasis(curvature)
+        except GeometryError:
+            basis = None
+        if basis is not None:
+            leaves = jax.tree_util.tree_leaves(params)
+            paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+            index = {p: k for k, p in enumerate(paths)}
+            out = [None] * len(leaves)
+            for e in basis:
+                diag = (e.QA * e.QA) @ e.eigenvalues @ (e.QB * e.QB).T + curvature.damping
+                w = index[e.weight]
+                out[w] = diag[: leaves[w].shape[0]]
+                if e.bias is not None:
+                    out[index[e.bias]] = diag[leaves[w].shape[0]]
+            return jnp.concatenate([jnp.ravel(x) for x in out])
+    C = _laplace_precision(neg_log_joint, params, curvature, 0.0, max_size, "laplace_posterior")
+    return jnp.diag(C)
+
+
+def _diagonal_posterior(neg_log_joint: Callable, params: PyTree, curvature: Any, prior_precision: Any,
+                        max_size: int) -> DiagonalLaplacePosterior:
+    c = _curvature_diagonal(neg_log_joint, params, curvature, max_size)
+    prec = c + jnp.asarray(prior_precision, c.dtype)
+    finite = jnp.all(jnp.isfinite(prec)) & jnp.all(jnp.isfinite(ravel(params)[0]))
+    ok = jnp.min(prec) > prec.size * jnp.finfo(prec.dtype).eps * jnp.max(jnp.abs(prec))
+    status = jnp.where(~finite, Status.NON_FINITE, jnp.where(ok, Status.OK, Status.NOT_POSITIVE_DEFINITE)).astype(jnp.int32)
+    if is_concrete(status):
+        raise_for_status(
+            status, "laplace_posterior (structure='diag')",
+            detail="Some diagonal entry of the precision is <= 0: use a GGN curvature or prior_precision > 0.",
+        )
+    return DiagonalLaplacePosterior(params, ravel(params)[1](prec.astype(ravel(params)[0].dtype)), status)
+
+
+_STRUCTURES = ("full", "kfac", "diag")
 
 
 def _kronecker_posterior(params: PyTree, curvature: Any, prior_precision: Any) -> KroneckerLaplacePosterior:
@@ -744,7 +842,7 @@ def laplace_posterior(
     prior_precision: float = 0.0,
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
     structure: str = "full",
-) -> LaplacePosterior | KroneckerLaplacePosterior:
+) -> LaplacePosterior | KroneckerLaplacePosterior | DiagonalLaplacePosterior:
     r"""The Laplace posterior around a minimum :math:`\theta^*` of the negative log joint (dense).
 
     .. math:: p(\theta\mid\mathcal D) \approx \mathcal N\big(\theta^*,\ (C(\theta^*) + \alpha I)^{-1}\big),
@@ -767,14 +865,17 @@ def laplace_posterior(
         :math:`\alpha`, added to the diagonal (the prior's Hessian when ``curvature`` covers the likelihood only).
     max_size : int, optional
         Largest number of parameters for which the dense precision is formed.
-    structure : {"full", "kfac"}, optional
+    structure : {"full", "kfac", "diag"}, optional
         ``"full"`` (default): the dense precision.  ``"kfac"``: the Kronecker-factored precision of
         ``curvature=mg.kfac(...)`` or ``mg.ekfac(...)`` plus ``prior_precision``, one block per dense
         layer, never ``d x d`` (``neg_log_joint`` is then not differentiated; ``max_size`` does not apply).
+        ``"diag"``: the diagonal of the curvature plus ``prior_precision``
+        (:class:`~minigeo.DiagonalLaplacePosterior`): without a ``d x d`` matrix for a KFAC / EKFAC
+        or diagonal curvature, from the dense matrix (``max_size``) otherwise.
 
     Returns
     -------
-    :class:`~minigeo.LaplacePosterior` or :class:`~minigeo.KroneckerLaplacePosterior`
+    :class:`~minigeo.LaplacePosterior`, :class:`~minigeo.KroneckerLaplacePosterior` or :class:`~minigeo.DiagonalLaplacePosterior`
         Mean, precision and its Cholesky factor; ``covariance()``, ``marginal_variance()``, ``sample()``
         (``"kfac"``: also ``log_det_precision()``).
 
@@ -806,6 +907,10 @@ def laplace_posterior(
     if structure == "kfac":
         return _kronecker_posterior(params, curvature, prior_precision)
     neg_log_joint = bind_batch(neg_log_joint, batch)
+    if structure == "diag":
+        if curvature is not None:
+            curvature = metric_field(curvature, "laplace_posterior")
+        return _diagonal_posterior(neg_log_joint, params, curvature, prior_precision, max_size)
     P = _laplace_precision(neg_log_joint, params, curvature, prior_precision, max_size, "laplace_posterior")
     try:
         check_spd(P, "the Laplace precision")

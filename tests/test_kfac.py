@@ -559,3 +559,25 @@ def test_kronecker_laplace_bad_inputs_raise():
         mg.laplace_posterior(nll, one[0], curvature=K, structure="kfac")
     post = jax.jit(lambda p: mg.laplace_posterior(nll, p, curvature=K, structure="kfac").status)(one[0])
     assert int(post) == mg.Status.NOT_POSITIVE_DEFINITE
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("which", ["kfac", "ekfac", "fisher"])
+def test_diagonal_laplace_is_the_diagonal_of_the_curvature_plus_the_prior(which, dtype):
+    params, model, X = mlp(32, sizes=(3, 5, 4), n=8, dtype=dtype, bias=(True, False))
+    if which == "fisher":
+        M = mg.fisher(model, "categorical", batch=(X, None))  # no structure: read off the dense matrix
+    else:
+        M = getattr(mg, which)(model, "categorical", params, batch=(X, None))
+    nll = lambda p: jnp.sum(model(p, X) ** 2)
+    alpha = 0.25
+    post = mg.laplace_posterior(nll, params, curvature=M, prior_precision=alpha, structure="diag")
+    assert isinstance(post, mg.DiagonalLaplacePosterior) and int(post.status) == 0
+    truth = np.diag(dense(M, params)) + alpha
+    got = np.asarray(jax.flatten_util.ravel_pytree(post.precision)[0], np.float64)
+    np.testing.assert_allclose(got, truth, atol=tol(dtype) * truth.max())
+    np.testing.assert_allclose(float(post.log_det_precision()), np.sum(np.log(truth)), atol=tol(dtype) * len(truth))
+    mv = np.asarray(jax.flatten_util.ravel_pytree(post.marginal_variance())[0], np.float64)
+    np.testing.assert_allclose(mv, 1 / truth, rtol=tol(dtype))
+    draws = post.sample(jax.random.PRNGKey(0), 4)
+    assert jax.tree_util.tree_leaves(draws)[0].shape[0] == 4
