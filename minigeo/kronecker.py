@@ -168,6 +168,7 @@ def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list
         if _is_var(v):
             uses.setdefault(v, []).append((-1, 0))
     eqns = jaxpr.eqns
+    producer = {v: e for e in eqns for v in e.outvars}
 
     def single_use(v: Any) -> tuple[int, int] | None:
         u = uses.get(v, [])
@@ -182,17 +183,17 @@ def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list
                 continue
             if other in index and leaf_shapes[index[other]] == (n_out,) and single_use(other):
                 return index[other]
-            for j, e in enumerate(eqns):  # a broadcast of a bias leaf along the batch axis
-                if e.outvars[0] is other and e.primitive.name == "broadcast_in_dim" and single_use(other):
-                    src = e.invars[0]
-                    if (
-                        _is_var(src)
-                        and src in index
-                        and leaf_shapes[index[src]] == (n_out,)
-                        and single_use(src)
-                        and tuple(e.params["broadcast_dimensions"]) == (len(e.outvars[0].aval.shape) - 1,)
-                    ):
-                        return index[src]
+            e = producer.get(other)  # a broadcast of a bias leaf along the batch axis
+            if e is not None and e.primitive.name == "broadcast_in_dim" and single_use(other):
+                src = e.invars[0]
+                if (
+                    _is_var(src)
+                    and src in index
+                    and leaf_shapes[index[src]] == (n_out,)
+                    and single_use(src)
+                    and tuple(e.params["broadcast_dimensions"]) == (len(e.outvars[0].aval.shape) - 1,)
+                ):
+                    return index[src]
         return None
 
     layers = []

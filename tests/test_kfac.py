@@ -105,7 +105,7 @@ import jax.flatten_util  # noqa: E402
 # ---------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("likelihood", ["categorical", "gaussian"])
-@pytest.mark.parametrize("act", [jnp.tanh, lambda h: h], ids=["tanh", "deep-linear"])
+@pytest.mark.parametrize("act", [jnp.tanh, lambda h: h, jax.nn.relu, jax.nn.gelu], ids=["tanh", "deep-linear", "relu", "gelu"])
 def test_kfac_equals_the_exact_ggn_blocks_for_one_example(dtype, likelihood, act):
     params, model, X = mlp(1, sizes=(3, 5, 4, 3), n=1, dtype=dtype, bias=(True, False, True), act=act)
     G = exact_ggn(model, params, X, likelihood)
