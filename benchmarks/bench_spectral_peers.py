@@ -125,7 +125,7 @@ def minigeo_diag_fn(P, curvature, method, budget):
 def ggn_op(P):
     """minigeo's GGN operator of ``P``: the model closes over its inputs, so the batch is a placeholder
     of the right length (one batch: the 1/N weights cancel)."""
-    return mg.ggn_operator(lambda p, _x: P.model_fn(p), lambda z, _t: P.ce(z), P.params)
+    return mg.operators.ggn_operator(lambda p, _x: P.model_fn(p), lambda z, _t: P.ce(z), P.params)
 
 
 def one_batch(P):

@@ -77,7 +77,7 @@ def main() -> None:
         print(f"| trace_estimate {method} | {budget} | {t:.2f} | tr H / d = {float(est) / d:.4g} ± "
               f"{float(se) / d:.2g} |", flush=True)
 
-    H = mg.hessian_operator(loss, params)
+    H = mg.operators.hessian_operator(loss, params)
     sub = H.restrict([("blocks", "attn", "W_q")])  # every layer's query weights (stacked leaf)
     dsub, t_sub = timed(lambda: sub.spectral_density(k, [batch], num_probes=args.probes, num_iterations=args.steps))
     s1, s1_se = dsub.moments(1)

@@ -27,6 +27,8 @@ reference's architecture page draws the map and ``tests/test_layering.py`` check
 * floor 2 :mod:`minigeo.quotient`: GL(h)/GL(1) quotient geometry (metric (15),
   vertical and horizontal spaces, Riemannian gradient, geodesics; chapter 6).
 * floor 3 :mod:`minigeo.reparam`: built-in reparametrizations (chapter 1).
+* floor 3 :mod:`minigeo.kronecker`: Kronecker-factored metrics of dense layers, KFAC and EKFAC, with
+  exact factored solves (chapter 2).
 * floor 3 :mod:`minigeo.natgrad`: Gram matrices, Moore-Penrose natural parameter
   gradients, matrix-free natural gradients and an optax preconditioner (chapter 3).
 * floor 3 :mod:`minigeo.curvature`: HVPs, Hessians, Christoffel symbols, the
@@ -51,12 +53,13 @@ Every module lists its public names in ``__all__``; this file re-exports them
 all (``minigeo.metrics.dense`` as ``dense_metric``, to keep the name unambiguous).
 """
 
-from . import coords, curvature, densities, metrics, natgrad, operators, parallel, quotient, reparam, sharpness, stats
+from . import coords, curvature, densities, kronecker, metrics, natgrad, operators, parallel, quotient, reparam, sharpness, stats
 from ._checks import GeometryError
 from ._status import Status
 from .coords import *  # noqa: F403
 from .curvature import *  # noqa: F403
 from .densities import *  # noqa: F403
+from .kronecker import *  # noqa: F403
 from .metrics import *  # noqa: F403
 from .natgrad import *  # noqa: F403
 from .operators import *  # noqa: F403
@@ -74,15 +77,24 @@ IN_NAMESPACE: dict[str, tuple[str, ...]] = {
     "parallel": tuple(parallel.__all__),
     "metrics": ("dense", "diagonal", "as_metric", "ggn_diagonal", "fisher_diagonal", "empirical_fisher_diagonal"),
     "curvature": ("EstimateInfo", "SpectralDensity", "Eigenpairs"),
-    "densities": ("logdet_slq", "LaplaceEvidence", "LaplacePosterior", "GLMPredictive", "PriorPrecision", "WeightNorm"),
+    "densities": (
+        "logdet_slq", "LaplaceEvidence", "LaplacePosterior", "KroneckerLaplacePosterior", "DiagonalLaplacePosterior",
+        "GLMPredictive", "PriorPrecision", "WeightNorm",
+    ),
+    "kronecker": ("KroneckerFactor", "KroneckerEigenbasis", "kfac_factors", "kronecker_eigenbasis"),
     "sharpness": ("SymmetrySpec", "WithBias", "SharpnessResult"),
-    "operators": ("Batches", "CurvatureOperator"),
+    # the dataset operators, one family: mg.operators.hessian_operator(loss, params), ...
+    "operators": tuple(operators.__all__),
 }
 # the top-level names of 0.3.0 that moved: old name -> (module, name); each still works, with a
-# DeprecationWarning, until 0.5.0 (CHANGELOG, 0.4.0)
-_MOVED: dict[str, tuple[str, str]] = {name: (module, name) for module, names in IN_NAMESPACE.items() for name in names}
+# DeprecationWarning, until 0.5.0 (CHANGELOG, 0.4.0).  Names new in 0.4.0 never were top-level.
+_NEW_IN_0_4 = {"KroneckerFactor", "KroneckerEigenbasis", "kfac_factors", "kronecker_eigenbasis",
+               "KroneckerLaplacePosterior", "DiagonalLaplacePosterior"}
+_MOVED: dict[str, tuple[str, str]] = {
+    name: (module, name) for module, names in IN_NAMESPACE.items() for name in names if name not in _NEW_IN_0_4
+}
 _MOVED["dense_metric"] = ("metrics", "dense")
-for _name in list(_MOVED) + ["dense"]:
+for _name in list(_MOVED) + list(_NEW_IN_0_4) + ["dense"]:
     globals().pop(_name, None)
 del _name
 
@@ -140,12 +152,13 @@ __all__ = [
     "metrics",
     "curvature",
     "densities",
+    "kronecker",
     "operators",
     "quotient",
     "sharpness",
     "stats",
     "parallel",
-    *(name for module in (coords, metrics, natgrad, curvature, densities, operators, sharpness)
+    *(name for module in (coords, metrics, natgrad, curvature, densities, kronecker, operators, sharpness)
       for name in module.__all__ if name not in _MOVED and name not in IN_NAMESPACE.get(module.__name__.rpartition(".")[2], ())),
     "models",
     "assignments",

@@ -3,7 +3,7 @@ r"""The one batches type: an in-memory dataset cut into consecutive batches (flo
 :func:`batches_of` serves both kinds of consumer: the dataset operators of
 :mod:`minigeo.operators` iterate over it batch by batch, and the sharpness functions of
 :mod:`minigeo.sharpness` take it whole (as its stack, :meth:`Batches.stacked`).  Re-exported by
-:mod:`minigeo.operators` (``mg.batches_of``, ``mg.operators.Batches``).
+:mod:`minigeo.operators` (``mg.operators.batches_of``, ``mg.operators.Batches``).
 """
 
 from __future__ import annotations
@@ -52,10 +52,11 @@ class Batches(Sequence):
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> b = mg.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 4)
+    >>> b = mg.operators.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 4)
     >>> len(b), [x.shape[0] for x, _ in b]
     (3, [4, 4, 2])
-    >>> [x.shape for x in mg.batches_of((jnp.zeros((10, 3)), jnp.arange(10)), 5).stacked()]
+    >>> data = (jnp.zeros((10, 3)), jnp.arange(10))
+    >>> [x.shape for x in mg.operators.batches_of(data, 5).stacked()]
     [(2, 5, 3), (2, 5)]
 
     References
@@ -141,7 +142,7 @@ def batches_of(data: PyTree, batch_size: int, *, drop_remainder: bool = False) -
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> [int(x.sum()) for x in mg.batches_of(jnp.arange(5), 2)]
+    >>> [int(x.sum()) for x in mg.operators.batches_of(jnp.arange(5), 2)]
     [1, 5, 4]
 
     References

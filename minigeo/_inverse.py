@@ -40,6 +40,9 @@ def _metric_inverse(
         w = metric.diagonal_fn(params)
         damping = metric.damping
         return lambda v: jax.tree_util.tree_map(lambda a, wi: a / (wi + damping), v, w)
+    if metric.solve_fn is not None:  # a factored inverse (Kronecker factors): exact, NaN where it failed
+        solve_fn, damping = metric.solve_fn, metric.damping
+        return lambda v: solve_fn(params, v, damping)[0]
     if metric.matrix_fn is not None:
         return _dense_inverse(metric, params)
     if not strict:
@@ -97,7 +100,7 @@ def cg_solve_or_nan(metric: Metric, params: PyTree, v: PyTree, tol: float, maxit
 
 def _compilable(metric: MetricArg) -> bool:
     """Metrics whose products may run inside a compiled loop (their checks do not need concrete values)."""
-    return metric is None or metric.compiled or metric.diagonal_fn is not None
+    return metric is None or metric.compiled or metric.diagonal_fn is not None or metric.solve_fn is not None
 
 
 _CG_HINT = (

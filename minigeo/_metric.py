@@ -40,6 +40,7 @@ from ._linalg import (
     solve_spd_cg,
     solve_spd_dense,
 )
+from ._status import raise_for_status
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size, tree_vdot
 
 MvFn = Callable[[PyTree, PyTree], PyTree]
@@ -70,6 +71,11 @@ class Metric:
         as a pytree like the parameters, when the metric is diagonal (:func:`diagonal`,
         :func:`euclidean`).  Solves with :math:`G + \lambda I` are then exact and elementwise,
         :math:`v / (w + \lambda)`, instead of conjugate gradients.
+    solve_fn : callable, optional
+        A structure tag: ``(params, rhs, damping) -> (x, status)`` with :math:`x = (G(\theta) +
+        \lambda I)^{-1}\,\mathrm{rhs}` exactly, for a metric with a factored inverse (the
+        Kronecker-factored metrics of :mod:`minigeo.kronecker`), and a :class:`~minigeo.Status` code
+        (``x`` NaN unless it is 0).  :meth:`solve` then uses it instead of conjugate gradients.
 
     Raises
     ------
@@ -122,6 +128,7 @@ class Metric:
     compiled: bool = True
     diagonal_fn: Callable[[PyTree], PyTree] | None = None
     matrix_fn: Callable[[PyTree], jax.Array] | None = None
+    solve_fn: Callable[[PyTree, PyTree, Any], tuple[PyTree, jax.Array]] | None = None
 
     def __post_init__(self) -> None:
         if not callable(self.mv_fn):
@@ -270,7 +277,7 @@ class Metric:
         ----------
         No formula from the source papers (damping is a numerical device). Chapters 2 and 3.
         """
-        return Metric(self.mv_fn, self.name, damping, self.compiled, self.diagonal_fn, self.matrix_fn)
+        return Metric(self.mv_fn, self.name, damping, self.compiled, self.diagonal_fn, self.matrix_fn, self.solve_fn)
 
     def dense(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
         r"""The dense ``d x d`` matrix over the flattened parameters (``ravel_pytree`` order).
@@ -326,7 +333,7 @@ class Metric:
         params: PyTree,
         rhs: PyTree,
         *,
-        method: str = "cg",
+        method: str | None = None,
         tol: float = 1e-6,
         maxiter: int | None = None,
         max_size: int = DEFAULT_MAX_DENSE_SIZE,
@@ -344,8 +351,11 @@ class Metric:
             The point :math:`\theta`.
         rhs : pytree
             The right-hand side, shaped like ``params``.
-        method : {"cg", "dense"}, optional
-            Matrix-free conjugate gradients, or Cholesky on the dense matrix.
+        method : {"cg", "dense", "factored"}, optional
+            Matrix-free conjugate gradients, Cholesky on the dense matrix, or the metric's own exact
+            factored solve (its ``solve_fn``: the Kronecker factors of :func:`~minigeo.kfac` and
+            :func:`~minigeo.ekfac`).  Default: ``"factored"`` when the metric has a ``solve_fn``,
+            else ``"cg"``.
         tol : float, optional
             CG relative tolerance, in ``(0, 1)``: ``converged`` means the true relative residual
             :math:`\lVert \mathrm{rhs} - (G + \lambda I)x\rVert / \lVert \mathrm{rhs}\rVert \le` ``tol``
@@ -395,6 +405,10 @@ class Metric:
         rhs = as_float_point(rhs, "the right-hand side")
         check_same_structure(params, rhs, "the right-hand side", "params")
         check_finite(params, "params")
+        if method is None:
+            method = "cg" if self.solve_fn is None else "factored"
+        if method == "factored":
+            return _factored_solve(self, params, rhs, return_info)
         if method == "dense":
             return solve_spd_dense(
                 self.with_damping(0.0).dense(params, max_size=max_size),
@@ -411,7 +425,7 @@ class Metric:
             x, info = _compiled_cg(self.mv_fn, params, rhs, self.damping, tol=tol, maxiter=maxiter)
             check_cg_solution(self.at(params), rhs, info, tol=tol, maxiter=maxiter, what=what)
             return (x, info) if return_info else x
-        raise GeometryError(f"Metric.solve: method must be 'cg' or 'dense', got {method!r}.")
+        raise GeometryError(f"Metric.solve: method must be 'cg', 'dense' or 'factored', got {method!r}.")
 
     def check_positive_definite(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> None:
         r"""Raise unless the dense (damped) metric is symmetric positive definite.
@@ -452,7 +466,7 @@ class Metric:
         )
 
 
-_STATIC_FIELDS = ("mv_fn", "name", "compiled", "diagonal_fn", "matrix_fn")
+_STATIC_FIELDS = ("mv_fn", "name", "compiled", "diagonal_fn", "matrix_fn", "solve_fn")
 
 
 def _metric_flatten(metric: Metric) -> tuple[tuple[Any], tuple[Any, ...]]:
@@ -478,15 +492,42 @@ def split_metric(metric: Metric | None) -> tuple[Any, Any, Any]:
     """
     if metric is None:
         return None, None, None
-    return (metric.mv_fn, metric.diagonal_fn, metric.matrix_fn), metric.damping, metric.name
+    return (metric.mv_fn, metric.diagonal_fn, metric.matrix_fn, metric.solve_fn), metric.damping, metric.name
 
 
 def join_metric(callables: Any, damping: Any, name: Any) -> Metric | None:
     """The metric of :func:`split_metric`'s parts (``callables`` may be the compile layer's replays)."""
     if callables is None:
         return None
-    mv_fn, diagonal_fn, matrix_fn = callables
-    return _metric_unflatten((mv_fn, name, True, diagonal_fn, matrix_fn), (damping,))
+    mv_fn, diagonal_fn, matrix_fn, solve_fn = callables
+    return _metric_unflatten((mv_fn, name, True, diagonal_fn, matrix_fn, solve_fn), (damping,))
+
+def _factored_solve(metric: Metric, params: PyTree, rhs: PyTree, return_info: bool) -> Any:
+    """``x`` (or ``(x, info)``) of the metric's exact factored solve; eagerly a failed solve raises."""
+    if metric.solve_fn is None:
+        raise GeometryError(
+            f"Metric.solve: method='factored' needs a metric with a factored inverse (mg.kfac, mg.ekfac); "
+            f"the {metric.name} metric has none: use method='cg' or 'dense'."
+        )
+    if is_concrete(rhs):
+        check_finite(rhs, "the right-hand side")
+    x, status = metric.solve_fn(params, rhs, metric.damping)
+    status = jnp.asarray(status, jnp.int32)
+    if is_concrete(status) and int(status) != 0:
+        raise_for_status(status, f"Metric.solve ({metric.name})", detail="add damping (metric.with_damping(1e-3)).")
+    if not return_info:
+        return x
+    ok = status == 0
+    dtype = ravel(x)[0].dtype
+    info = SolveInfo(
+        converged=ok,
+        status=status,
+        iterations=jnp.asarray(0, jnp.int32),
+        residual=jnp.where(ok, jnp.asarray(0.0, dtype), jnp.asarray(jnp.nan, dtype)),
+        curvature=jnp.asarray(jnp.nan, dtype),
+    )
+    return x, info
+
 
 _compiled_mv = jit_per_callable(lambda mv_fn, params, v: mv_fn(params, v))
 _compiled_damped_mv = jit_per_callable(

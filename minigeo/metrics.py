@@ -165,7 +165,7 @@ def ggn(model_fn: Callable[..., PyTree], loss_fn: Callable[..., jax.Array], *, b
         over) without; :math:`H_z = \nabla_z^2` of it.
     batch : tuple, optional
         ``(inputs, targets)``: minigeo's one calling convention for data, as in
-        :func:`~minigeo.ggn_operator` (whose per-batch metric this is).
+        :func:`~minigeo.operators.ggn_operator` (whose per-batch metric this is).
 
     Returns
     -------
@@ -386,7 +386,7 @@ def fisher(
         ``"gaussian"`` has :math:`\sigma = 1`.
     batch : tuple, optional
         ``(inputs, targets)`` (the targets are not used: the Fisher takes its targets from the model),
-        as in :func:`~minigeo.fisher_operator`.
+        as in :func:`~minigeo.operators.fisher_operator`.
     reduction : {"mean", "sum"}, optional
         ``"mean"`` divides by the batch size (matches a mean loss), ``"sum"`` does not.
     mc_samples : int, optional
@@ -468,7 +468,7 @@ def empirical_fisher(
         ``per_example_loss_fn(z, targets) -> (N,)`` with ``batch``; ``z -> (N,)`` (the training
         targets closed over) without.
     batch : tuple, optional
-        ``(inputs, targets)``, as in :func:`~minigeo.empirical_fisher_operator`.
+        ``(inputs, targets)``, as in :func:`~minigeo.operators.empirical_fisher_operator`.
     reduction : {"mean", "sum"}, optional
         ``"mean"`` (default) divides by :math:`N`.
 
@@ -614,7 +614,7 @@ def ggn_diagonal(
 
     over the :math:`K` entries of the outputs of the whole batch, :math:`H_z = \nabla_z^2\,\ell(z)`
     at :math:`z = f(\theta)`: the diagonal of :func:`ggn` with the same ``model_fn``, ``loss_fn`` and
-    ``batch``, at ``params`` (the arguments of :func:`~minigeo.ggn_operator`).  One vector-Jacobian
+    ``batch``, at ``params`` (the arguments of :func:`~minigeo.operators.ggn_operator`).  One vector-Jacobian
     product per output entry (:math:`J^\top e_k`, ``vmap``-ed) and the dense :math:`K \times K`
     output Hessian: the cost is :math:`K` = examples :math:`\times` outputs per example backward
     passes, memory :math:`K \times d`.  Meant as a reference (for the Hutchinson estimates
@@ -695,7 +695,7 @@ def fisher_diagonal(
     :math:`\mathrm{diag}(p) - pp^\top` for ``"categorical"`` (closed form) and
     :math:`Q\Lambda^{1/2}` from the eigendecomposition of the output Fisher otherwise
     (:math:`I/\sigma` for ``"gaussian"``).  The metric of :func:`fisher` (exact, not Monte Carlo),
-    with the arguments of :func:`~minigeo.fisher_operator`.  One vector-Jacobian product per
+    with the arguments of :func:`~minigeo.operators.fisher_operator`.  One vector-Jacobian product per
     example and output (``vmap``-ed): the cost is examples :math:`\times` outputs backward passes,
     memory that many copies of ``params``.  With ``batch``, each pass differentiates one example
     alone (``model_fn(params, x_n[None])``); with the data closed over (no ``batch``), each goes
@@ -777,7 +777,7 @@ def empirical_fisher_diagonal(
         = c\sum_n \big(\nabla_\theta \ell(z_n, y_n)\big)^{\odot 2},
 
     :math:`g_n = \nabla_{z_n}\ell(z_n, y_n)`, :math:`c = 1/N` or :math:`1`.  The metric of :func:`empirical_fisher`, with the arguments of
-    :func:`~minigeo.empirical_fisher_operator`.  One vector-Jacobian product per example
+    :func:`~minigeo.operators.empirical_fisher_operator`.  One vector-Jacobian product per example
     (``vmap``-ed), memory one copy of ``params`` per example; pure and ``jit``-compatible.  With
     ``batch``, each product differentiates one example alone (``model_fn(params, x_n[None])``): the
     per-example gradients of the formula, at the cost of one batch's backward pass in all.  With the

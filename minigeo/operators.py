@@ -122,7 +122,7 @@ def _one_pass(batches: BatchSource, who: str, max_batches: int | None = None) ->
         made = " returned by the batches function" if callable(batches) else ""
         raise GeometryError(
             f"{who}: the batches{made} have no length ({type(data).__name__}), so a pass over them might never "
-            "end. Pass a finite sized sequence (a list, or mg.batches_of(data, batch_size)), or max_batches=N "
+            "end. Pass a finite sized sequence (a list, or mg.operators.batches_of(data, batch_size)), or max_batches=N "
             "to stop after N batches."
         )
     return data
@@ -134,7 +134,7 @@ def _many_passes(batches: BatchSource, who: str, max_batches: int | None = None)
     if not callable(batches) and isinstance(batches, Iterator):
         raise GeometryError(
             f"{who} passes over the data several times, but got a one-shot iterator (a generator?). "
-            "Pass a list, mg.batches_of(data, batch_size), or a zero-argument function that returns a "
+            "Pass a list, mg.operators.batches_of(data, batch_size), or a zero-argument function that returns a "
             "fresh iterator (e.g. lambda: loader)."
         )
     if not callable(batches):
@@ -218,8 +218,8 @@ class CurvatureOperator:
     :math:`M_b` the matrix of batch :math:`b` (its loss a mean over its :math:`n_b`
     examples).  Nothing is traced once and kept: each method call traces the loss afresh (once
     per batch shape within the call) and reuses compiled code only for an identical trace, so a
-    changed global or attribute is seen at the next call and one call never mixes two states.  Build it with :func:`~minigeo.hessian_operator`, :func:`~minigeo.ggn_operator`,
-    :func:`~minigeo.fisher_operator` or :func:`~minigeo.empirical_fisher_operator`.
+    changed global or attribute is seen at the next call and one call never mixes two states.  Build it with :func:`~minigeo.operators.hessian_operator`, :func:`~minigeo.operators.ggn_operator`,
+    :func:`~minigeo.operators.fisher_operator` or :func:`~minigeo.operators.empirical_fisher_operator`.
 
     Parameters
     ----------
@@ -250,7 +250,7 @@ class CurvatureOperator:
     :class:`GeometryError` naming each leaf and its size (the count is never read off one leaf).
     **Passes.**  Every pass over the data (:meth:`dataset_mv`, :meth:`trace_estimate`,
     :meth:`top_eigenvalues`, :meth:`logdet_slq`) takes a finite sized sequence (a list,
-    :func:`~minigeo.batches_of`, or a function returning one), or any iterable with
+    :func:`~minigeo.operators.batches_of`, or a function returning one), or any iterable with
     ``max_batches=N`` (at most ``N`` batches per pass); an iterable without a length and without
     ``max_batches`` (a generator, a streaming loader) raises before the first batch, since the pass
     might never end.  ``progress=True`` shows a bar with the pass's length.
@@ -271,8 +271,9 @@ class CurvatureOperator:
     >>> import jax, jax.numpy as jnp
     >>> import minigeo as mg
     >>> X, y = jnp.eye(4), jnp.ones(4)
-    >>> H = mg.hessian_operator(lambda w, b: jnp.mean((b[0] @ w - b[1]) ** 2), jnp.zeros(4))
-    >>> H.dataset_mv(jnp.ones(4), mg.batches_of((X, y), 2))   # 2 X^T X / N = I / 2
+    >>> loss = lambda w, b: jnp.mean((b[0] @ w - b[1]) ** 2)
+    >>> H = mg.operators.hessian_operator(loss, jnp.zeros(4))
+    >>> H.dataset_mv(jnp.ones(4), mg.operators.batches_of((X, y), 2))  # 2 X^T X / N = I / 2
     Array([0.5, 0.5, 0.5, 0.5], dtype=float32)
 
     References
@@ -328,7 +329,7 @@ class CurvatureOperator:
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
         >>> loss = lambda w, x: jnp.mean(jnp.sum(x * w ** 3, axis=1))
-        >>> H = mg.hessian_operator(loss, jnp.ones(2))
+        >>> H = mg.operators.hessian_operator(loss, jnp.ones(2))
         >>> H.at(2 * jnp.ones(2)).dataset_mv(jnp.ones(2), [jnp.ones((1, 2))])   # 6 w
         Array([12., 12.], dtype=float32)
 
@@ -375,7 +376,7 @@ class CurvatureOperator:
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
         >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
-        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> H = mg.operators.hessian_operator(loss, jnp.zeros(3))
         >>> H.mv(jnp.ones(3), X)   # diag(1, 4, 9)
         Array([1., 4., 9.], dtype=float32)
 
@@ -401,7 +402,7 @@ class CurvatureOperator:
         v : pytree
             A tangent vector, structured like ``params``.
         batches : sequence or callable
-            A finite sized sequence of batches (a list, :func:`~minigeo.batches_of`), or a function
+            A finite sized sequence of batches (a list, :func:`~minigeo.operators.batches_of`), or a function
             returning one; any other iterable needs ``max_batches``.
         progress : bool or tqdm-like class, optional
             Show a progress bar.
@@ -426,9 +427,9 @@ class CurvatureOperator:
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
         >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
-        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> H = mg.operators.hessian_operator(loss, jnp.zeros(3))
         >>> # (2 * 1.5 diag(1, 4, 0) + 1 * 3 diag(0, 0, 9)) / 3
-        >>> H.dataset_mv(jnp.ones(3), mg.batches_of(X, 2))
+        >>> H.dataset_mv(jnp.ones(3), mg.operators.batches_of(X, 2))
         Array([1., 4., 9.], dtype=float32)
 
         References
@@ -475,7 +476,7 @@ class CurvatureOperator:
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
         >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
-        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> H = mg.operators.hessian_operator(loss, jnp.zeros(3))
         >>> G = H.as_metric(X)
         >>> G.mv(jnp.zeros(3), jnp.ones(3))
         Array([1., 4., 9.], dtype=float32)
@@ -564,7 +565,7 @@ class CurvatureOperator:
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
         >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
-        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> H = mg.operators.hessian_operator(loss, jnp.zeros(3))
         >>> key = jax.random.PRNGKey(0)
         >>> est, se = H.trace_estimate(key, [X])   # Rademacher, diagonal: exact
         >>> float(est)
@@ -651,7 +652,7 @@ class CurvatureOperator:
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
         >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
-        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> H = mg.operators.hessian_operator(loss, jnp.zeros(3))
         >>> key = jax.random.PRNGKey(0)
         >>> H.diagonal_estimate(key, [X], num_probes=2)[0]   # diagonal: exact
         Array([1., 4., 9.], dtype=float32)
@@ -710,12 +711,12 @@ class CurvatureOperator:
         >>> import jax.numpy as jnp
         >>> import minigeo as mg
         >>> loss = lambda p, x: jnp.mean(jnp.sum(x * p["a"], 1) ** 2 + jnp.sum(p["b"] ** 4))
-        >>> H = mg.hessian_operator(loss, {"a": jnp.ones(2), "b": jnp.ones(1)})
+        >>> H = mg.operators.hessian_operator(loss, {"a": jnp.ones(2), "b": jnp.ones(1)})
         >>> Hb = H.restrict([("b",)])
         >>> Hb.dataset_mv(Hb.params, [jnp.eye(2)])          # 12 b^2 on the b block only
         {('b',): Array([12.], dtype=float32)}
         >>> W = {"w": jnp.arange(1.0, 7.0).reshape(2, 3)}    # e.g. (heads, features)
-        >>> Hw = mg.hessian_operator(lambda p, x: jnp.mean(jnp.sum(p["w"] ** 3)), W)
+        >>> Hw = mg.operators.hessian_operator(lambda p, x: jnp.mean(jnp.sum(p["w"] ** 3)), W)
         >>> Hw1 = Hw.restrict([("w", (1,))])                 # row 1 only: 6 w on the diagonal
         >>> Hw1.dataset_mv({("w", (1,)): jnp.ones(3)}, [jnp.ones(1)])
         {('w', (1,)): Array([24., 30., 36.], dtype=float32)}
@@ -772,7 +773,7 @@ class CurvatureOperator:
         key : jax.Array
             PRNG key for the start vector.
         batches : iterable or callable
-            Must allow several passes: a list, :func:`~minigeo.batches_of`, or a function returning a
+            Must allow several passes: a list, :func:`~minigeo.operators.batches_of`, or a function returning a
             fresh iterator.
         k : int, optional
             Number of eigenvalues.
@@ -824,7 +825,7 @@ class CurvatureOperator:
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
         >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
-        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> H = mg.operators.hessian_operator(loss, jnp.zeros(3))
         >>> H.top_eigenvalues(jax.random.PRNGKey(0), [X], k=2).round(4)
         Array([9., 4.], dtype=float32)
 
@@ -873,7 +874,7 @@ class CurvatureOperator:
         key : jax.Array
             PRNG key of the probes.
         batches : iterable or callable
-            Must allow several passes (a list, :func:`~minigeo.batches_of`, or a function returning a
+            Must allow several passes (a list, :func:`~minigeo.operators.batches_of`, or a function returning a
             fresh iterator).
         metric : :class:`~minigeo.Metric` or None, optional
             ``None``, a diagonal or a dense Metric (or any Metric with ``probes=``).
@@ -907,7 +908,7 @@ class CurvatureOperator:
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
         >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
-        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> H = mg.operators.hessian_operator(loss, jnp.zeros(3))
         >>> key = jax.random.PRNGKey(0)
         >>> dens = H.spectral_density(key, [X], num_probes=2, num_iterations=3)
         >>> round(float(dens.moments(1)[0]), 4)   # tr(H) / d = (1 + 4 + 9) / 3
@@ -1003,7 +1004,7 @@ class CurvatureOperator:
         >>> import minigeo as mg
         >>> X = jnp.diag(jnp.array([1.0, 2.0, 3.0]))
         >>> loss = lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2) * 3
-        >>> H = mg.hessian_operator(loss, jnp.zeros(3))
+        >>> H = mg.operators.hessian_operator(loss, jnp.zeros(3))
         >>> est, se = H.logdet_slq(jax.random.PRNGKey(0), [X], num_iterations=3)
         >>> round(float(est), 4), round(float(jnp.log(36.0)), 4)   # det diag(1, 4, 9) = 36
         (3.5835, 3.5835)
@@ -1075,8 +1076,9 @@ def hessian_operator(
     >>> import jax, jax.numpy as jnp
     >>> import minigeo as mg
     >>> X = jnp.arange(12.0).reshape(6, 2)
-    >>> H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean((x @ w) ** 2), jnp.zeros(2))
-    >>> H.dataset_mv(jnp.array([1.0, 0.0]), mg.batches_of(X, 4)), (X.T @ X / 6)[:, 0]
+    >>> loss = lambda w, x: 0.5 * jnp.mean((x @ w) ** 2)
+    >>> H, e1 = mg.operators.hessian_operator(loss, jnp.zeros(2)), jnp.array([1.0, 0.0])
+    >>> H.dataset_mv(e1, mg.operators.batches_of(X, 4)), (X.T @ X / 6)[:, 0]
     (Array([36.666668, 41.666668], dtype=float32), Array([36.666668, 41.666668], dtype=float32))
 
     References
@@ -1126,8 +1128,8 @@ def ggn_operator(
     >>> import minigeo as mg
     >>> X, y = jnp.eye(3), jnp.zeros(3)
     >>> loss = lambda z, t: jnp.mean((z - t) ** 2)
-    >>> G = mg.ggn_operator(lambda w, x: x @ w, loss, jnp.ones(3))
-    >>> G.dataset_mv(jnp.ones(3), mg.batches_of((X, y), 2))   # 2 X^T X / N
+    >>> G = mg.operators.ggn_operator(lambda w, x: x @ w, loss, jnp.ones(3))
+    >>> G.dataset_mv(jnp.ones(3), mg.operators.batches_of((X, y), 2))   # 2 X^T X / N
     Array([0.6666667, 0.6666667, 0.6666667], dtype=float32)
 
     References
@@ -1182,8 +1184,8 @@ def fisher_operator(
     --------
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
-    >>> F = mg.fisher_operator(lambda w, x: x * w, jnp.zeros(2))   # p = (1/2, 1/2)
-    >>> data = mg.batches_of((jnp.ones((3, 2)), jnp.zeros(3)), 2)
+    >>> F = mg.operators.fisher_operator(lambda w, x: x * w, jnp.zeros(2))  # p = (1/2, 1/2)
+    >>> data = mg.operators.batches_of((jnp.ones((3, 2)), jnp.zeros(3)), 2)
     >>> F.dataset_mv(jnp.array([1.0, 0.0]), data)
     Array([ 0.25, -0.25], dtype=float32)
 
@@ -1239,9 +1241,9 @@ def empirical_fisher_operator(
     >>> import minigeo as mg
     >>> X, y = jnp.array([[1.0], [2.0], [3.0]]), jnp.ones(3)
     >>> loss = lambda z, t: 0.5 * (z - t) ** 2
-    >>> EF = mg.empirical_fisher_operator(lambda w, x: x @ w, loss, jnp.zeros(1))
+    >>> EF = mg.operators.empirical_fisher_operator(lambda w, x: x @ w, loss, jnp.zeros(1))
     >>> # the mean of (x (w x - y))^2 = 14 / 3
-    >>> EF.dataset_mv(jnp.ones(1), mg.batches_of((X, y), 2))
+    >>> EF.dataset_mv(jnp.ones(1), mg.operators.batches_of((X, y), 2))
     Array([4.6666665], dtype=float32)
 
     References

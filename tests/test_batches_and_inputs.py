@@ -31,7 +31,7 @@ def _masked_problem():
 
 def test_batch_leaves_disagreeing_on_examples_raise_naming_them():
     loss, batches, _ = _masked_problem()
-    H = mg.hessian_operator(loss, jnp.zeros(3))
+    H = mg.operators.hessian_operator(loss, jnp.zeros(3))
     with pytest.raises(mg.GeometryError, match=r"disagree.*\['a_mask'\]: 3.*\['x'\]: 4.*examples="):
         H.dataset_mv(jnp.ones(3), batches)
     with pytest.raises(mg.GeometryError, match=r"disagree"):
@@ -45,16 +45,16 @@ def test_examples_rule_gives_the_dataset_mean(dtype):
     """With examples= the batches are weighted 4 : 2 (the old first-leaf rule weighted them 3 : 3)."""
     loss, batches, truth = _masked_problem()
     batches = jax.tree_util.tree_map(lambda x: jnp.asarray(x, dtype), batches)
-    H = mg.hessian_operator(loss, jnp.zeros(3, dtype), examples=lambda b: b["x"].shape[0])
+    H = mg.operators.hessian_operator(loss, jnp.zeros(3, dtype), examples=lambda b: b["x"].shape[0])
     v = jnp.asarray([1.0, -2.0, 0.5], dtype)
     tol = 50 * float(jnp.finfo(dtype).eps)
     np.testing.assert_allclose(H.dataset_mv(v, batches), truth @ np.asarray(v, np.float64), rtol=tol, atol=tol)
     est, _ = H.trace_estimate(jax.random.PRNGKey(0), batches, num_probes=200)
     assert abs(float(est) - np.trace(truth)) < 0.5 * np.trace(truth)  # Hutchinson, 200 probes
     with pytest.raises(mg.GeometryError, match=r"examples\(batch\) must return"):
-        mg.hessian_operator(loss, jnp.zeros(3), examples=lambda b: 0.5).dataset_mv(jnp.ones(3), batches)
+        mg.operators.hessian_operator(loss, jnp.zeros(3), examples=lambda b: 0.5).dataset_mv(jnp.ones(3), batches)
     with pytest.raises(mg.GeometryError, match=r"examples must be None or a function"):
-        mg.hessian_operator(loss, jnp.zeros(3), examples=4)
+        mg.operators.hessian_operator(loss, jnp.zeros(3), examples=4)
 
 
 def _endless(X):
@@ -64,7 +64,7 @@ def _endless(X):
 
 def test_endless_batches_raise_eagerly_and_max_batches_bounds_a_pass():
     X = jnp.asarray(rng(1).normal(size=(4, 3)))
-    H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean((x @ w) ** 2), jnp.zeros(3))
+    H = mg.operators.hessian_operator(lambda w, x: 0.5 * jnp.mean((x @ w) ** 2), jnp.zeros(3))
     v = jnp.ones(3)
     t0 = time.perf_counter()
     for call in (
@@ -99,19 +99,19 @@ def test_endless_batches_raise_eagerly_and_max_batches_bounds_a_pass():
 
 def test_sized_sequences_still_work_without_max_batches():
     X = jnp.asarray(rng(2).normal(size=(5, 3)))
-    H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean((x @ w) ** 2), jnp.zeros(3))
+    H = mg.operators.hessian_operator(lambda w, x: 0.5 * jnp.mean((x @ w) ** 2), jnp.zeros(3))
     want = np.asarray(X).T @ np.asarray(X) @ np.ones(3) / 5
-    for source in (mg.batches_of(X, 2), [X[:2], X[2:]], lambda: mg.batches_of(X, 3), (X[:1], X[1:])):
+    for source in (mg.operators.batches_of(X, 2), [X[:2], X[2:]], lambda: mg.operators.batches_of(X, 3), (X[:1], X[1:])):
         np.testing.assert_allclose(H.dataset_mv(jnp.ones(3), source), want, rtol=1e-5)
 
 
 def test_batches_stacked_form():
-    b = mg.batches_of((jnp.arange(12.0).reshape(6, 2), jnp.arange(6)), 3).stacked()
+    b = mg.operators.batches_of((jnp.arange(12.0).reshape(6, 2), jnp.arange(6)), 3).stacked()
     assert b[0].shape == (2, 3, 2) and b[1].shape == (2, 3)
     np.testing.assert_array_equal(b[1][1], [3, 4, 5])
     with pytest.raises(mg.GeometryError, match=r"drop_remainder"):
-        mg.batches_of(jnp.arange(5.0), 2).stacked()
-    assert mg.batches_of(jnp.arange(5.0), 2, drop_remainder=True).stacked().shape == (2, 2)
+        mg.operators.batches_of(jnp.arange(5.0), 2).stacked()
+    assert mg.operators.batches_of(jnp.arange(5.0), 2, drop_remainder=True).stacked().shape == (2, 2)
 
 
 # ---------------------------------------------------------------------------
@@ -138,7 +138,7 @@ def test_unstacked_batch_is_refused_with_how_to_stack():
             call()
     # the stacked forms: one batch, or a dataset cut into batches
     one = mg.adaptive_sharpness(loss, w, (X[None], y[None]), 0.1, key=key, n_iter=2)
-    two = mg.adaptive_sharpness(loss, w, mg.batches_of((X, y), 4).stacked(), 0.1, key=key, n_iter=2)
+    two = mg.adaptive_sharpness(loss, w, mg.operators.batches_of((X, y), 4).stacked(), 0.1, key=key, n_iter=2)
     assert one.per_batch.shape == (1,) and two.per_batch.shape == (2,) and bool(one.ok) and bool(two.ok)
 
 
@@ -157,7 +157,7 @@ def test_sharpness_key_and_shape_errors():
     with pytest.raises(mg.GeometryError, match=r"real floating scalar"):
         mg.adaptive_sharpness(lambda p, bb: bb[0] @ p, w, b, 0.1, key=jax.random.PRNGKey(0))
     with pytest.raises(mg.GeometryError, match=r"key must be"):
-        H = mg.hessian_operator(lambda p, x: jnp.mean((x @ p) ** 2), w)
+        H = mg.operators.hessian_operator(lambda p, x: jnp.mean((x @ p) ** 2), w)
         H.trace_estimate(3, [X])
     with pytest.raises(mg.GeometryError, match=r"key must be"):
         mg.trace_estimate(lambda p: jnp.sum(p**4), w, 3)
@@ -174,7 +174,7 @@ def test_tangent_dtype_mistakes_name_the_argument(bad):
     with pytest.raises(mg.GeometryError, match=r"vector v has (the complex )?dtype"):
         mg.ggn(lambda x: x, lambda z: jnp.sum(z**2)).mv(p, bad)
     with pytest.raises(mg.GeometryError, match=r"v has dtype"):
-        mg.hessian_operator(lambda q, x: jnp.mean((x @ q) ** 2), p).dataset_mv(bad, [jnp.ones((2, 3))])
+        mg.operators.hessian_operator(lambda q, x: jnp.mean((x @ q) ** 2), p).dataset_mv(bad, [jnp.ones((2, 3))])
     # the right dtype (and a Python float on a scalar point) still works
     np.testing.assert_allclose(mg.hvp(f, p, jnp.ones(3)), 6 * np.ones(3))
     np.testing.assert_allclose(mg.hvp(lambda x: x**3, jnp.asarray(2.0), 1.0), 12.0)
@@ -185,7 +185,7 @@ def test_complex_params_refused(dtype):
     p = jnp.ones(3, dtype)
     for call in (
         lambda: mg.trace_estimate(lambda w: jnp.sum(jnp.abs(w) ** 2), p, jax.random.PRNGKey(0)),
-        lambda: mg.hessian_operator(lambda w, x: jnp.sum(jnp.abs(w) ** 2), p),
+        lambda: mg.operators.hessian_operator(lambda w, x: jnp.sum(jnp.abs(w) ** 2), p),
         lambda: mg.euclidean().mv(p, p),
         lambda: mg.adaptive_sharpness(lambda w, b: jnp.sum(jnp.abs(w * b) ** 2), p, jnp.ones((1, 1, 3)), 0.1,
                                       key=jax.random.PRNGKey(0)),

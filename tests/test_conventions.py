@@ -43,10 +43,10 @@ def _field_calls(metric):
         "pullback": lambda: mg.pullback(lambda p: p, metric),
         "trace_estimate": lambda: mg.trace_estimate(f, x, key, metric=metric),
         "top_eigenvalues": lambda: mg.top_eigenvalues(f, x, key, metric=metric, rtol=None, num_iterations=2),
-        "operator.trace_estimate": lambda: mg.hessian_operator(lambda p, b: f(p) * jnp.mean(b), x).trace_estimate(
+        "operator.trace_estimate": lambda: mg.operators.hessian_operator(lambda p, b: f(p) * jnp.mean(b), x).trace_estimate(
             key, [jnp.ones(2)], metric=metric
         ),
-        "operator.top_eigenvalues": lambda: mg.hessian_operator(lambda p, b: f(p) * jnp.mean(b), x).top_eigenvalues(
+        "operator.top_eigenvalues": lambda: mg.operators.hessian_operator(lambda p, b: f(p) * jnp.mean(b), x).top_eigenvalues(
             key, [jnp.ones(2)], metric=metric, rtol=None, num_iterations=2
         ),
     }
@@ -112,7 +112,7 @@ def test_diagonal_metric_is_inverted_elementwise_exactly(dtype):
     est_damped, _ = mg.trace_estimate(f, x, key, metric=G.with_damping(0.5), num_probes=4)
     np.testing.assert_allclose(est_damped, float(jnp.sum(h / (w + 0.5))), rtol=10 * eps)
     # the operator method reads the metric the same way
-    op = mg.hessian_operator(lambda q, b: f(q) * jnp.mean(b), x)
+    op = mg.operators.hessian_operator(lambda q, b: f(q) * jnp.mean(b), x)
     est_op, _ = op.trace_estimate(key, [jnp.ones(3, dtype=dtype)], metric=G, num_probes=4)
     np.testing.assert_allclose(est_op, est, rtol=10 * eps)
     # the weights are checked eagerly
@@ -194,7 +194,7 @@ def test_model_metrics_take_the_batch_as_the_operators_do(dtype):
     for G in (
         mg.ggn(model, xent, batch=batch),
         mg.ggn(lambda p: model(p, X), lambda z: xent(z, t)),
-        mg.ggn_operator(model, xent, w).as_metric(batch),
+        mg.operators.ggn_operator(model, xent, w).as_metric(batch),
         mg.fisher(model, "categorical", batch=batch),  # = GGN for softmax cross-entropy
     ):
         np.testing.assert_allclose(G.dense(w), truth, atol=100 * eps * float(jnp.max(jnp.abs(truth))))
@@ -265,7 +265,7 @@ def test_estimators_report_a_status_under_jit_and_raise_it_eagerly(dtype):
 @pytest.mark.parametrize("dtype", DTYPES)
 def test_functions_and_operator_methods_are_one_implementation(dtype):
     loss, w, batch = _regression(dtype)
-    op = mg.hessian_operator(loss, w, examples=lambda b: b[0].shape[0])
+    op = mg.operators.hessian_operator(loss, w, examples=lambda b: b[0].shape[0])
     key = jax.random.PRNGKey(4)
     eps = float(jnp.finfo(dtype).eps)
     G = mg.metrics.diagonal(jnp.linspace(0.5, 2.0, w.size, dtype=dtype))

@@ -67,8 +67,8 @@ def test_operator_finds_every_copy(case, dtype):
     exact = np.sort(np.linalg.eigvalsh(A64))[::-1][:k]
     d = A64.shape[0]
     A = jnp.asarray(A64, dtype)
-    data = mg.batches_of(jnp.ones((6, 1), dtype), 2)
-    op = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(x[:, 0]) * (w @ (A @ w)), jnp.zeros(d, dtype))
+    data = mg.operators.batches_of(jnp.ones((6, 1), dtype), 2)
+    op = mg.operators.hessian_operator(lambda w, x: 0.5 * jnp.mean(x[:, 0]) * (w @ (A @ w)), jnp.zeros(d, dtype))
     got = op.top_eigenvalues(jax.random.PRNGKey(2), data, k=k, rtol=1e-3)
     assert got.dtype == dtype
     np.testing.assert_allclose(np.asarray(got, np.float64), exact, rtol=0, atol=1.5e-3 * np.max(np.abs(exact)))

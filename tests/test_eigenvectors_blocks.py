@@ -133,9 +133,9 @@ def test_operator_vectors_over_a_dataset(dtype):
     r = rng(11)
     X = jnp.asarray(r.normal(size=(30, 5)), dtype)
     loss = lambda w, x: 0.5 * jnp.mean((x @ w) ** 2)
-    H = mg.hessian_operator(loss, jnp.zeros(5, dtype))
+    H = mg.operators.hessian_operator(loss, jnp.zeros(5, dtype))
     truth = np.asarray(X, np.float64).T @ np.asarray(X, np.float64) / 30
-    pairs = H.top_eigenvalues(jax.random.PRNGKey(0), mg.batches_of(X, 10), k=2, num_iterations=12, rtol=RTOL[dtype], return_vectors=True)
+    pairs = H.top_eigenvalues(jax.random.PRNGKey(0), mg.operators.batches_of(X, 10), k=2, num_iterations=12, rtol=RTOL[dtype], return_vectors=True)
     _check_pairs(pairs, truth, np.eye(5), dtype, RTOL[dtype])
     bottom = H.top_eigenvalues(jax.random.PRNGKey(0), [X], k=1, which="smallest", num_iterations=12, rtol=RTOL[dtype], return_vectors=True)
     _check_pairs(bottom, truth, np.eye(5), dtype, RTOL[dtype])
@@ -187,7 +187,7 @@ def test_per_head_restriction_equals_the_dense_sub_block(dtype):
     sel = [(bq, (1, 2)), (Wq, (1, 2))]  # layer 1, head 2
     truth = _dense_block(loss, params, X, [(Wq, (1, 2)), (bq, (1, 2))])  # ravel order of the keys: W_q, b_q
     tol = 100 * float(jnp.finfo(dtype).eps) * np.abs(truth).max()
-    op = mg.hessian_operator(loss, params).restrict(sel)
+    op = mg.operators.hessian_operator(loss, params).restrict(sel)
     assert set(op.params) == {bq + ((1, 2),), Wq + ((1, 2),)}
     np.testing.assert_array_equal(np.asarray(op.params[Wq + ((1, 2),)]), np.asarray(params["attn"]["W_q"][1, 2]))
     assert "attn/W_q[1, 2]" in op.name
@@ -220,13 +220,13 @@ def test_per_head_restriction_equals_the_dense_sub_block(dtype):
     top2 = mg.top_eigenvalues(loss, params, key, batch=X, k=1, num_iterations=d, paths=[(bq, (0, 1)), (Wq, (0, 1))])
     np.testing.assert_allclose(np.asarray(top2), np.linalg.eigvalsh(other)[-1:], rtol=1e-2)
     # a whole leaf next to a sub-array of another, and a leading-axis (whole layer) index
-    mixed = mg.hessian_operator(loss, params).restrict([("out",), (Wq, (0,))])
+    mixed = mg.operators.hessian_operator(loss, params).restrict([("out",), (Wq, (0,))])
     assert mixed.params[Wq + ((0,),)].shape == (3, 4, 2)
 
 
 def test_bad_paths_and_indices_raise_naming_the_path_and_the_valid_ones():
     loss, params, X = _stacked_model(jnp.float64)
-    H = mg.hessian_operator(loss, params)
+    H = mg.operators.hessian_operator(loss, params)
     Wq = ("attn", "W_q")
     with pytest.raises(mg.GeometryError, match=r"no leaf at \('attn', 'W_k'\).*attn/W_q \(2, 3, 4, 2\)"):
         H.restrict([("attn", "W_k")])

@@ -199,9 +199,9 @@ def test_the_hutchinson_estimates_agree_within_their_standard_errors():
         (mg.metrics.ggn_diagonal(mlp, cross_entropy, params, batch=(X, labels)),
          mg.diagonal_estimate(linearized_loss, params, key, num_probes=P)),
         (mg.metrics.fisher_diagonal(mlp, params, batch=(X, labels)),
-         mg.fisher_operator(mlp, params).diagonal_estimate(key, [(X, labels)], num_probes=P)),
+         mg.operators.fisher_operator(mlp, params).diagonal_estimate(key, [(X, labels)], num_probes=P)),
         (mg.metrics.empirical_fisher_diagonal(mlp, per_example_squared_error, params, batch=(X, targets)),
-         mg.empirical_fisher_operator(mlp, per_example_squared_error, params).diagonal_estimate(
+         mg.operators.empirical_fisher_operator(mlp, per_example_squared_error, params).diagonal_estimate(
              key, [(X, targets)], num_probes=P)),
     ]
     for exact, (mean, se) in pairs:

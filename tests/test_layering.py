@@ -37,6 +37,7 @@ FLOORS: dict[str, float] = {
     "metrics": 2,
     "quotient": 2,
     "reparam": 3,
+    "kronecker": 3,  # Kronecker-factored metrics of dense layers, on minigeo.metrics (issue 52)
     "natgrad": 3,
     "curvature": 3,
     "sharpness": 3,

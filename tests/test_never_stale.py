@@ -256,7 +256,7 @@ def test_adaptive_sharpness_of_a_loss_reading_a_rebound_global():
 def test_one_operator_gives_consistent_answers_after_a_global_changes():
     state = {"a": jnp.asarray([1.0, 2.0, 3.0, 4.0])}
     loss = lambda w, x: 0.5 * jnp.sum(state["a"] * w**2) * jnp.mean(x)
-    op = mg.hessian_operator(loss, jnp.zeros(4))
+    op = mg.operators.hessian_operator(loss, jnp.zeros(4))
     data = [jnp.ones((2,)), jnp.ones((2,))]
     key = jax.random.PRNGKey(0)
     for a in ([1.0, 2.0, 3.0, 4.0], [10.0, 20.0, 30.0, 40.0]):

@@ -53,10 +53,10 @@ def _loss(params, batch):
 
 def _operators(params):
     return {
-        "hessian": mg.hessian_operator(_loss, params),
-        "ggn": mg.ggn_operator(_mlp, _xent, params),
-        "fisher": mg.fisher_operator(_mlp, params),
-        "empirical_fisher": mg.empirical_fisher_operator(_mlp, _per_example_xent, params),
+        "hessian": mg.operators.hessian_operator(_loss, params),
+        "ggn": mg.operators.ggn_operator(_mlp, _xent, params),
+        "fisher": mg.operators.fisher_operator(_mlp, params),
+        "empirical_fisher": mg.operators.empirical_fisher_operator(_mlp, _per_example_xent, params),
     }
 
 
@@ -86,7 +86,7 @@ def test_dataset_mv_equals_the_full_batch_matrix(kind, dtype):
     op = _operators(params)[kind]
     M = np.asarray(_dense_full_batch(kind, params, X, y), np.float64)
     v = jax.tree_util.tree_map(lambda x: jnp.ones_like(x) * 0.5, params)
-    got = ravel_pytree(op.dataset_mv(v, mg.batches_of((X, y), 10)))[0]
+    got = ravel_pytree(op.dataset_mv(v, mg.operators.batches_of((X, y), 10)))[0]
     want = M @ np.asarray(ravel_pytree(v)[0], np.float64)
     eps = float(jnp.finfo(dtype).eps)
     tol = 200 * eps * np.linalg.norm(M, 2) * np.linalg.norm(np.asarray(ravel_pytree(v)[0]))
@@ -100,20 +100,20 @@ def test_uneven_batches_are_weighted_by_their_sizes():
     op = _operators(params)["ggn"]
     v = jax.tree_util.tree_map(jnp.ones_like, params)
     whole = ravel_pytree(op.mv(v, (X, y)))[0]
-    split = ravel_pytree(op.dataset_mv(v, mg.batches_of((X, y), 10)))[0]
+    split = ravel_pytree(op.dataset_mv(v, mg.operators.batches_of((X, y), 10)))[0]
     np.testing.assert_allclose(split, whole, rtol=1e-12, atol=1e-13)
-    parts = [ravel_pytree(op.mv(v, b))[0] for b in mg.batches_of((X, y), 10)]
+    parts = [ravel_pytree(op.mv(v, b))[0] for b in mg.operators.batches_of((X, y), 10)]
     assert float(jnp.max(jnp.abs(sum(parts) / len(parts) - whole))) > 1e-6  # the naive mean differs
 
 
 def test_hutchinson_in_one_pass_equals_the_full_batch_estimate_with_the_same_probes():
     params, X, y = _setup()
     key = jax.random.PRNGKey(3)
-    op = mg.hessian_operator(_loss, params)
-    est, se = op.trace_estimate(key, mg.batches_of((X, y), 10), num_probes=7)
+    op = mg.operators.hessian_operator(_loss, params)
+    est, se = op.trace_estimate(key, mg.operators.batches_of((X, y), 10), num_probes=7)
     ref, ref_se = mg.trace_estimate(lambda p: _loss(p, (X, y)), params, key, num_probes=7)
     np.testing.assert_allclose([est, se], [ref, ref_se], rtol=1e-11)
-    est_map, _ = op.trace_estimate(key, mg.batches_of((X, y), 10), num_probes=7, batched="map")
+    est_map, _ = op.trace_estimate(key, mg.operators.batches_of((X, y), 10), num_probes=7, batched="map")
     np.testing.assert_allclose(est_map, est, rtol=1e-12)
 
 
@@ -121,7 +121,7 @@ def test_hutchinson_in_one_pass_equals_the_full_batch_estimate_with_the_same_pro
 def test_hutchinson_agrees_with_the_exact_trace_within_its_standard_error(kind):
     params, X, y = _setup()
     exact = float(jnp.trace(_dense_full_batch(kind, params, X, y)))
-    est, se = _operators(params)[kind].trace_estimate(jax.random.PRNGKey(0), mg.batches_of((X, y), 8), num_probes=200)
+    est, se = _operators(params)[kind].trace_estimate(jax.random.PRNGKey(0), mg.operators.batches_of((X, y), 8), num_probes=200)
     assert abs(float(est) - exact) <= 4 * float(se)
     assert 0 < float(se) < 0.2 * abs(exact)
 
@@ -134,7 +134,7 @@ def test_invariant_trace_with_a_metric_from_another_operator():
     Gd = _dense_full_batch("ggn", params, X, y) + 0.1 * jnp.eye(ravel_pytree(params)[0].size)
     Hd = _dense_full_batch("hessian", params, X, y)
     exact = float(mg.endomorphism_trace(Hd, Gd))
-    est, se = ops["hessian"].trace_estimate(jax.random.PRNGKey(1), mg.batches_of((X, y), 10), metric=G, num_probes=300, tol=1e-10)
+    est, se = ops["hessian"].trace_estimate(jax.random.PRNGKey(1), mg.operators.batches_of((X, y), 10), metric=G, num_probes=300, tol=1e-10)
     assert abs(float(est) - exact) <= 4 * float(se)
     ref, _ = mg.trace_estimate(lambda p: _loss(p, (X, y)), params, jax.random.PRNGKey(1), metric=G, num_probes=300, tol=1e-10)
     np.testing.assert_allclose(est, ref, rtol=1e-8)
@@ -147,10 +147,10 @@ def test_failed_cg_in_the_dataset_trace_raises_its_own_error():
     ops = _operators(params)
     G = ops["ggn"].as_metric((X, y)).with_damping(1e-3)  # ill-conditioned: 2 CG steps cannot converge
     with pytest.raises(mg.GeometryError, match="did not converge"):
-        ops["hessian"].trace_estimate(jax.random.PRNGKey(1), mg.batches_of((X, y), 10), metric=G, maxiter=2)
+        ops["hessian"].trace_estimate(jax.random.PRNGKey(1), mg.operators.batches_of((X, y), 10), metric=G, maxiter=2)
     indefinite = mg.Metric(lambda p, v: jax.tree_util.tree_map(lambda a: -a, v), "indefinite")
     with pytest.raises(mg.GeometryError, match="not positive definite"):
-        ops["hessian"].trace_estimate(jax.random.PRNGKey(1), mg.batches_of((X, y), 10), metric=indefinite)
+        ops["hessian"].trace_estimate(jax.random.PRNGKey(1), mg.operators.batches_of((X, y), 10), metric=indefinite)
 
 
 @pytest.mark.parametrize("kind", KINDS)
@@ -158,7 +158,7 @@ def test_top_eigenvalues_match_the_dense_spectrum(kind):
     params, X, y = _setup()
     d = ravel_pytree(params)[0].size
     exact = np.sort(np.linalg.eigvalsh(np.asarray(_dense_full_batch(kind, params, X, y))))[::-1][:3]
-    got = _operators(params)[kind].top_eigenvalues(jax.random.PRNGKey(0), mg.batches_of((X, y), 10), k=3, num_iterations=d)
+    got = _operators(params)[kind].top_eigenvalues(jax.random.PRNGKey(0), mg.operators.batches_of((X, y), 10), k=3, num_iterations=d)
     np.testing.assert_allclose(got, exact, rtol=1e-8, atol=1e-10 * abs(exact[0]))
 
 
@@ -168,8 +168,8 @@ def test_top_eigenvalues_of_the_endomorphism_with_a_diagonal_metric():
     w = jax.tree_util.tree_map(lambda x: 1.0 + jnp.abs(x), params)
     Hd = _dense_full_batch("hessian", params, X, y)
     exact = np.sort(np.asarray(mg.endomorphism_eigenvalues(Hd, jnp.diag(ravel_pytree(w)[0]))))[::-1][:2]
-    op = mg.hessian_operator(_loss, params)
-    got = op.top_eigenvalues(jax.random.PRNGKey(0), mg.batches_of((X, y), 10), k=2, metric=mg.metrics.diagonal(w), num_iterations=d)
+    op = mg.operators.hessian_operator(_loss, params)
+    got = op.top_eigenvalues(jax.random.PRNGKey(0), mg.operators.batches_of((X, y), 10), k=2, metric=mg.metrics.diagonal(w), num_iterations=d)
     np.testing.assert_allclose(got, exact, rtol=1e-8)
     ref = mg.top_eigenvalues(lambda p: _loss(p, (X, y)), params, jax.random.PRNGKey(0), k=2, metric=mg.metrics.diagonal(w), num_iterations=d)
     np.testing.assert_allclose(got, ref, rtol=1e-8)
@@ -182,7 +182,7 @@ def test_low_rank_ggn_top_eigenvalues_with_breakdown_restarts():
     M = np.asarray(_dense_full_batch("ggn", params, X, y))
     exact = np.sort(np.linalg.eigvalsh(M))[::-1]
     assert exact[9] < 1e-12 * exact[0]  # rank-deficient
-    got = mg.ggn_operator(_mlp, _xent, params).top_eigenvalues(jax.random.PRNGKey(0), [(X[:2], y[:2]), (X[2:], y[2:])], k=12, num_iterations=20)
+    got = mg.operators.ggn_operator(_mlp, _xent, params).top_eigenvalues(jax.random.PRNGKey(0), [(X[:2], y[:2]), (X[2:], y[2:])], k=12, num_iterations=20)
     assert d > 20
     np.testing.assert_allclose(got, exact[:12], atol=1e-10 * exact[0])
 
@@ -218,9 +218,9 @@ def test_the_issue_case_a_10_probe_trace_over_2048_examples_in_batches():
     """Issue 20: a 10-probe trace over a 2048-example set in batches of 256 (float32)."""
     params, X, y = _setup(jnp.float32, n=2048, seed=1)
     key = jax.random.PRNGKey(0)
-    op = mg.ggn_operator(_mlp, _xent, params)
-    est, se = op.trace_estimate(key, mg.batches_of((X, y), 256), num_probes=10)
-    _, n = compiles_during(op.trace_estimate, key, mg.batches_of((X, y), 256), num_probes=10)
+    op = mg.operators.ggn_operator(_mlp, _xent, params)
+    est, se = op.trace_estimate(key, mg.operators.batches_of((X, y), 256), num_probes=10)
+    _, n = compiles_during(op.trace_estimate, key, mg.operators.batches_of((X, y), 256), num_probes=10)
     assert n == 0  # all 8 batches, and a second pass: one program
     G = mg.metrics.ggn(lambda p: _mlp(p, X), lambda z: _xent(z, y))
     ref = jnp.mean(jax.vmap(lambda z: ravel_pytree(z)[0] @ ravel_pytree(G.mv(params, z))[0])(rademacher_like(key, params, 10)))
@@ -229,21 +229,21 @@ def test_the_issue_case_a_10_probe_trace_over_2048_examples_in_batches():
 
 def test_no_recompilation_over_batches_passes_and_points():
     params, X, y = _setup()
-    op = mg.ggn_operator(_mlp, _xent, params)
-    data = mg.batches_of((X, y), 10, drop_remainder=True)
+    op = mg.operators.ggn_operator(_mlp, _xent, params)
+    data = mg.operators.batches_of((X, y), 10, drop_remainder=True)
     v = jax.tree_util.tree_map(jnp.ones_like, params)
     op.dataset_mv(v, data)
     _, n = compiles_during(op.dataset_mv, v, data)
     moved = op.at(jax.tree_util.tree_map(lambda x: 1.1 * x, params))
     _, n_moved = compiles_during(moved.dataset_mv, v, data)
-    _, n_fresh = compiles_during(mg.ggn_operator(_mlp, _xent, params).dataset_mv, v, data)  # a new operator
+    _, n_fresh = compiles_during(mg.operators.ggn_operator(_mlp, _xent, params).dataset_mv, v, data)  # a new operator
     assert (n, n_moved, n_fresh) == (0, 0, 0)
 
 
 def test_progress_bars_show_on_request_and_accept_a_tqdm_like_class(capsys):
     params, X, y = _setup()
-    op = mg.hessian_operator(_loss, params)
-    data = mg.batches_of((X, y), 10)
+    op = mg.operators.hessian_operator(_loss, params)
+    data = mg.operators.batches_of((X, y), 10)
     v = jax.tree_util.tree_map(jnp.ones_like, params)
     op.dataset_mv(v, data)
     assert capsys.readouterr().err == ""  # off by default
@@ -274,10 +274,10 @@ def test_progress_bars_show_on_request_and_accept_a_tqdm_like_class(capsys):
 
 def test_batches_of_cuts_consecutive_batches():
     data = (jnp.arange(10.0)[:, None], jnp.arange(10))
-    b = mg.batches_of(data, 4)
+    b = mg.operators.batches_of(data, 4)
     assert len(b) == 3 and [int(x[1][0]) for x in b] == [0, 4, 8]
     np.testing.assert_array_equal(jnp.concatenate([x[1] for x in b]), data[1])
-    assert len(mg.batches_of(data, 4, drop_remainder=True)) == 2
+    assert len(mg.operators.batches_of(data, 4, drop_remainder=True)) == 2
     assert int(b[-1][1][0]) == 8
     with pytest.raises(IndexError):
         b[3]
@@ -285,16 +285,16 @@ def test_batches_of_cuts_consecutive_batches():
 
 def test_bad_inputs_raise_clear_errors():
     params, X, y = _setup()
-    op = mg.ggn_operator(_mlp, _xent, params)
+    op = mg.operators.ggn_operator(_mlp, _xent, params)
     v = jax.tree_util.tree_map(jnp.ones_like, params)
     with pytest.raises(mg.GeometryError, match="different numbers of examples"):
-        mg.batches_of((X, y[:5]), 4)
+        mg.operators.batches_of((X, y[:5]), 4)
     with pytest.raises(mg.GeometryError, match="batch_size must be a positive int"):
-        mg.batches_of((X, y), 0)
+        mg.operators.batches_of((X, y), 0)
     with pytest.raises(mg.GeometryError, match="no batch"):
-        mg.batches_of((X[:3], y[:3]), 4, drop_remainder=True)
+        mg.operators.batches_of((X[:3], y[:3]), 4, drop_remainder=True)
     with pytest.raises(mg.GeometryError, match="one-shot iterator"):
-        op.top_eigenvalues(jax.random.PRNGKey(0), (b for b in mg.batches_of((X, y), 10)))
+        op.top_eigenvalues(jax.random.PRNGKey(0), (b for b in mg.operators.batches_of((X, y), 10)))
     with pytest.raises(mg.GeometryError, match="dataset is empty"):
         op.dataset_mv(v, [])
     with pytest.raises(mg.GeometryError, match="pair"):
@@ -310,12 +310,12 @@ def test_bad_inputs_raise_clear_errors():
     with pytest.raises(mg.GeometryError, match="k must be"):
         op.top_eigenvalues(jax.random.PRNGKey(0), [(X, y)], k=0)
     with pytest.raises(mg.GeometryError, match="non-finite"):
-        mg.hessian_operator(_loss, jax.tree_util.tree_map(lambda x: x * jnp.nan, params))
+        mg.operators.hessian_operator(_loss, jax.tree_util.tree_map(lambda x: x * jnp.nan, params))
     with pytest.raises(mg.GeometryError, match="likelihood"):
-        mg.fisher_operator(_mlp, params, likelihood="poisson")
+        mg.operators.fisher_operator(_mlp, params, likelihood="poisson")
     with pytest.raises(mg.GeometryError, match="callable"):
         mg.operators.CurvatureOperator(None, params, "x")
-    bad = mg.hessian_operator(lambda p, b: jnp.sum(p["w1"]) / 0.0 * jnp.sum(p["w2"] ** 2), params)
+    bad = mg.operators.hessian_operator(lambda p, b: jnp.sum(p["w1"]) / 0.0 * jnp.sum(p["w2"] ** 2), params)
     with pytest.raises(mg.GeometryError, match="non-finite"):
         bad.trace_estimate(jax.random.PRNGKey(0), [(X, y)], num_probes=2)
     with pytest.raises(mg.GeometryError, match="non-finite"):
@@ -325,8 +325,8 @@ def test_bad_inputs_raise_clear_errors():
 def test_operator_lanczos_certifies_its_eigenvalues():
     """A too-short explicit run raises; the adaptive default (None) certifies and matches the dense spectrum."""
     params, X, y = _setup()
-    op = mg.hessian_operator(_loss, params)
-    data = mg.batches_of((X, y), 10)
+    op = mg.operators.hessian_operator(_loss, params)
+    data = mg.operators.batches_of((X, y), 10)
     with pytest.raises(mg.GeometryError, match="not certified"):
         op.top_eigenvalues(jax.random.PRNGKey(0), data, k=3, num_iterations=3)
     exact = np.sort(np.linalg.eigvalsh(np.asarray(_dense_full_batch("hessian", params, X, y))))[::-1][:3]
@@ -337,10 +337,10 @@ def test_operator_lanczos_certifies_its_eigenvalues():
 def test_dataset_slq_equals_the_full_batch_slq_with_the_same_probes_and_the_dense_logdet():
     params, X, y = _setup()
     d = ravel_pytree(params)[0].size
-    op = mg.ggn_operator(_mlp, _xent, params)
+    op = mg.operators.ggn_operator(_mlp, _xent, params)
     lam = 0.5
     key = jax.random.PRNGKey(5)
-    est, se = op.logdet_slq(key, mg.batches_of((X, y), 10), damping=lam, num_probes=8, num_iterations=d)
+    est, se = op.logdet_slq(key, mg.operators.batches_of((X, y), 10), damping=lam, num_probes=8, num_iterations=d)
     G = mg.metrics.ggn(lambda p: _mlp(p, X), lambda z: _xent(z, y))
     unravel = ravel_pytree(params)[1]
     matvec = lambda v: ravel_pytree(G.mv(params, unravel(v)))[0] + lam * v
@@ -352,7 +352,7 @@ def test_dataset_slq_equals_the_full_batch_slq_with_the_same_probes_and_the_dens
 
 def test_dataset_slq_refuses_a_singular_operator_and_bad_settings():
     params, X, y = _setup(n=3)  # a GGN of rank <= 9 in d = 35: singular without damping
-    op = mg.ggn_operator(_mlp, _xent, params)
+    op = mg.operators.ggn_operator(_mlp, _xent, params)
     data = [(X, y)]
     with pytest.raises(mg.GeometryError, match="not positive definite"):
         op.logdet_slq(jax.random.PRNGKey(0), data, num_probes=2, num_iterations=35)

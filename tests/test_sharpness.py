@@ -951,7 +951,7 @@ def test_second_order_false_is_the_straight_line_control(dtype):
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_sharpness_takes_the_batches_of_the_curvature_operators(dtype):
-    """One batches type (issue 53): ``mg.batches_of(data, n)`` gives the same sharpness as its stack, for
+    """One batches type (issue 53): ``mg.operators.batches_of(data, n)`` gives the same sharpness as its stack, for
     adaptive and geodesic sharpness, in float32 and float64; uneven batches are refused with the fix."""
     r = rng(11)
     X = jnp.asarray(r.normal(size=(12, 3)), dtype)
@@ -962,7 +962,7 @@ def test_sharpness_takes_the_batches_of_the_curvature_operators(dtype):
         x, t = batch
         return jnp.mean((x @ p["G"] @ p["H"].T - t) ** 2)
 
-    data = mg.batches_of((X, y), 4)
+    data = mg.operators.batches_of((X, y), 4)
     stack = data.stacked()
     assert [a.shape for a in stack] == [(3, 4, 3), (3, 4, 4)]
     key = jax.random.PRNGKey(3)
@@ -975,6 +975,6 @@ def test_sharpness_takes_the_batches_of_the_curvature_operators(dtype):
     np.testing.assert_array_equal(g_data.per_batch, g_stack.per_batch)
     assert g_data.per_batch.dtype == dtype and float(g_data.sharpness) > 0
     with pytest.raises(mg.GeometryError, match="drop_remainder=True"):
-        mg.adaptive_sharpness(loss, params, mg.batches_of((X, y), 5), 0.05, key=key)
-    evened = mg.adaptive_sharpness(loss, params, mg.batches_of((X, y), 5, drop_remainder=True), 0.05, key=key, n_iter=10)
+        mg.adaptive_sharpness(loss, params, mg.operators.batches_of((X, y), 5), 0.05, key=key)
+    evened = mg.adaptive_sharpness(loss, params, mg.operators.batches_of((X, y), 5, drop_remainder=True), 0.05, key=key, n_iter=10)
     assert evened.per_batch.shape == (2,)

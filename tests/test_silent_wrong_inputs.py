@@ -47,7 +47,7 @@ def test_sharpness_refuses_an_unstacked_batch_whose_leaves_disagree_on_the_batch
     # the intended stack of one batch, and a dataset cut into batches, still work
     one = mg.adaptive_sharpness(loss, W, (X[None], Y[None]), 0.5, key=KEY, n_iter=1, n_restarts=0)
     assert one.per_batch.shape == (1,) and bool(one.ok)
-    two = mg.adaptive_sharpness(loss, W, mg.batches_of((X[:4], Y[:4]), 2).stacked(), 0.5, key=KEY, n_iter=1, n_restarts=0)
+    two = mg.adaptive_sharpness(loss, W, mg.operators.batches_of((X[:4], Y[:4]), 2).stacked(), 0.5, key=KEY, n_iter=1, n_restarts=0)
     assert two.per_batch.shape == (2,) and bool(two.ok)
 
 
@@ -123,7 +123,7 @@ _f = lambda x: jnp.sum(jnp.arange(1.0, 4.0, dtype=x.dtype) * x**2)
 def test_half_precision_params_are_refused_with_cast_advice(dtype):
     """Was: a raw NotImplementedError/ValueError from XLA's linear algebra, or a Hutchinson trace of inf."""
     p = jnp.ones(3, dtype)
-    H = mg.hessian_operator(lambda w, x: jnp.mean((x @ w) ** 2), p)
+    H = mg.operators.hessian_operator(lambda w, x: jnp.mean((x @ w) ** 2), p)
     batches = [jnp.ones((4, 3), dtype)]
     for call in (
         lambda: mg.top_eigenvalues(_f, p, KEY),
@@ -163,7 +163,7 @@ def test_empty_and_integer_params_are_geometry_errors(params, match):
 def test_operator_methods_name_swapped_key_and_batches(dtype):
     """Was: CurvatureOperator.top_eigenvalues(batches, key) raised a raw TypeError (unexpected PRNG key type)."""
     X = jnp.asarray(rng(2).normal(size=(6, 3)), dtype)
-    H = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean((x @ w) ** 2), jnp.zeros(3, dtype))
+    H = mg.operators.hessian_operator(lambda w, x: 0.5 * jnp.mean((x @ w) ** 2), jnp.zeros(3, dtype))
     for method in ("top_eigenvalues", "trace_estimate", "diagonal_estimate", "spectral_density"):
         with pytest.raises(mg.GeometryError, match=rf"{method}: the arguments are swapped.*{method}\(key, batches"):
             getattr(H, method)([X], KEY)

@@ -208,7 +208,7 @@ def _entries():
     g = jnp.array([1.0, 2.0, 3.0])
     f = lambda x: 0.5 * jnp.sum(jnp.arange(1.0, 4.0) * x**2)
     key = jax.random.PRNGKey(0)
-    op = mg.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2), p)
+    op = mg.operators.hessian_operator(lambda w, x: 0.5 * jnp.mean(jnp.sum(x * w, axis=1) ** 2), p)
     data = [jnp.eye(3)]
     return {
         "natural_gradient": lambda **kw: mg.natural_gradient(G, p, g, **kw),

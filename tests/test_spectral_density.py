@@ -147,7 +147,7 @@ def test_operator_density_over_batches_equals_the_function_on_all_data():
     Y = jnp.asarray(r.normal(size=(30,)))
     loss = lambda wb, batch: jnp.mean((jnp.tanh(batch[0] @ wb["w"]) @ wb["a"] - batch[1]) ** 2)
     params = {"w": jnp.asarray(r.normal(size=(4, 3))), "a": jnp.asarray(r.normal(size=(3,)))}
-    H = mg.hessian_operator(loss, params)
+    H = mg.operators.hessian_operator(loss, params)
     key = jax.random.PRNGKey(9)
     batches = [(X[:10], Y[:10]), (X[10:], Y[10:])]
     op = H.spectral_density(key, batches, num_probes=3, num_iterations=6)
@@ -185,7 +185,7 @@ def test_smallest_over_a_dataset_equals_dense():
     loss = lambda w, x: jnp.mean(jnp.sin(x @ w) * jnp.cos(x @ w[::-1]))
     w0 = jnp.asarray(r.normal(size=3))
     lam = np.linalg.eigvalsh(np.asarray(jax.hessian(lambda w: loss(w, X))(w0)))
-    H = mg.hessian_operator(loss, w0)
+    H = mg.operators.hessian_operator(loss, w0)
     got = H.top_eigenvalues(jax.random.PRNGKey(0), [X[:8], X[8:]], k=2, which="smallest")
     np.testing.assert_allclose(np.asarray(got), lam[:2], atol=1e-2 * np.max(np.abs(lam[:2])))
 

@@ -69,7 +69,7 @@ def test_hutchpp_under_jit_and_over_a_dataset():
     key = jax.random.PRNGKey(5)
     fn, _ = mg.trace_estimate(loss, w0, key, batch=(X, Y), num_probes=9, method="hutch++")
     jitted, _, info = jax.jit(lambda w: mg.trace_estimate(loss, w, key, batch=(X, Y), num_probes=9, method="hutch++", return_info=True))(w0)
-    op, _ = mg.hessian_operator(loss, w0).trace_estimate(key, [(X[:12], Y[:12]), (X[12:], Y[12:])], num_probes=9, method="hutch++")
+    op, _ = mg.operators.hessian_operator(loss, w0).trace_estimate(key, [(X[:12], Y[:12]), (X[12:], Y[12:])], num_probes=9, method="hutch++")
     np.testing.assert_allclose([float(jitted), float(op)], float(fn), rtol=1e-9)
     assert mg.Status(int(info.status)) == mg.Status.OK and info.num_products == 9
 
@@ -102,7 +102,7 @@ def test_diagonal_over_a_dataset_equals_the_function_and_pytrees_round_trip():
     loss = lambda p, x: jnp.mean(jnp.sum(jnp.tanh(x @ p["w"] + p["b"]) ** 2, axis=1))
     key = jax.random.PRNGKey(8)
     fn, fse = mg.diagonal_estimate(loss, params, key, batch=X, num_probes=6)
-    op, ose = mg.hessian_operator(loss, params).diagonal_estimate(key, [X[:8], X[8:]], num_probes=6)
+    op, ose = mg.operators.hessian_operator(loss, params).diagonal_estimate(key, [X[:8], X[8:]], num_probes=6)
     for a, b in zip(jax.tree_util.tree_leaves((fn, fse)), jax.tree_util.tree_leaves((op, ose))):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-9, atol=1e-12)
     assert jax.tree_util.tree_structure(fn) == jax.tree_util.tree_structure(params)
@@ -124,7 +124,7 @@ def test_restrict_equals_the_dense_sub_block_and_every_method_works_on_it(dtype)
     sl = slice(4, 16)
     # Hessian-vector products through two tanh layers: no cancellation, a relative error of a few eps
     tol = 100 * float(jnp.finfo(dtype).eps) * np.abs(Hfull[sl, sl]).max()
-    H = mg.hessian_operator(loss, params)
+    H = mg.operators.hessian_operator(loss, params)
     sub = H.restrict([("l1", "w")])
     d = 12
     basis = [{("l1", "w"): jnp.eye(d, dtype=dtype)[i].reshape(3, 4)} for i in range(d)]

@@ -142,7 +142,7 @@ def test_xtrace_and_xdiag_under_jit_and_over_a_dataset():
     w0 = jnp.asarray(r.normal(size=5))
     key = jax.random.PRNGKey(5)
     halves = [(X[:12], Y[:12]), (X[12:], Y[12:])]
-    H = mg.hessian_operator(loss, w0)
+    H = mg.operators.hessian_operator(loss, w0)
     fn, fe = mg.trace_estimate(loss, w0, key, batch=(X, Y), num_probes=9, method="xtrace")
     jitted, je, info = jax.jit(
         lambda w: mg.trace_estimate(loss, w, key, batch=(X, Y), num_probes=9, method="xtrace", return_info=True)

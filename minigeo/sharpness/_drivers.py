@@ -77,7 +77,7 @@ def _check_restarts(n_restarts: Any) -> None:
 
 
 def _as_stack(batches: Any) -> PyTree:
-    """``mg.batches_of(...)`` as its stack (the one batches type, issue 53); a stacked pytree unchanged."""
+    """``mg.operators.batches_of(...)`` as its stack (the one batches type, issue 53); a stacked pytree unchanged."""
     return batches.stacked() if isinstance(batches, Batches) else batches
 
 
@@ -97,7 +97,7 @@ def _check_stacked(batches: PyTree, who: str) -> int:
     how = (
         "Sharpness takes a stack of batches, every leaf of shape (num_batches, batch_size, ...): stack one batch "
         "with jax.tree_util.tree_map(lambda x: x[None], batch), a dataset with "
-        "mg.batches_of(data, batch_size, drop_remainder=True).stacked()."
+        "mg.operators.batches_of(data, batch_size, drop_remainder=True).stacked()."
     )
     for path, x in pairs:
         if jnp.ndim(x) < 2:
@@ -363,7 +363,7 @@ def adaptive_sharpness(
         repeated along that axis or closed over in ``loss_fn``).  ``loss_fn`` receives one
         entry ``batch = tree_map(lambda x: x[b], batches)``; the result is averaged over batches.  Stack
         one batch with ``tree_map(lambda x: x[None], batch)``.  Or a dataset's
-        ``mg.batches_of(data, batch_size, drop_remainder=True)``, the batches the curvature operators
+        ``mg.operators.batches_of(data, batch_size, drop_remainder=True)``, the batches the curvature operators
         take, which is stacked here (every batch of the same size).
     rho : float
         Radius of the adaptive L2 ball :math:`\lVert\delta/|w|\rVert_2 \le \rho`; at most ``1/eps`` of the
@@ -485,7 +485,7 @@ def geodesic_sharpness(
         The weights :math:`w`.
     batches : pytree or Batches
         A stack of batches, every leaf of shape ``(num_batches, batch_size, ...)``, or
-        ``mg.batches_of(...)`` (see :func:`adaptive_sharpness`).
+        ``mg.operators.batches_of(...)`` (see :func:`adaptive_sharpness`).
     spec : SymmetrySpec
         The symmetries, from :func:`symmetry_spec`.
     rho : float

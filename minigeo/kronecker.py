@@ -1,0 +1,718 @@
+r"""Kronecker-factored curvature: KFAC and EKFAC metrics of dense layers (floor 3, chapter 2).
+
+For a dense layer :math:`y = x^\top W + b` (minigeo's layout: ``y = x @ W + b``, ``W`` of shape
+``(in, out)``), one example's contribution to the GGN / Fisher block of :math:`(W, b)` is the
+Kronecker product :math:`\bar x \bar x^\top \otimes \sum_r g_r g_r^\top`, where :math:`\bar x = (x, 1)`
+(the 1 for the bias) and :math:`g_r = J_y^\top S e_r` are the columns of a square root
+:math:`S S^\top` of the output-space Fisher (= the loss Hessian for the categorical and Gaussian
+likelihoods), backpropagated to the layer's output.  KFAC replaces the mean of the products by the
+product of the means,
+
+.. math:: G_{(W,b)} \approx A \otimes B,\qquad A = \frac1N\sum_n \bar x_n \bar x_n^\top,\qquad
+    B = c\sum_n\sum_r g_{n,r} g_{n,r}^\top,\quad c = 1/N \text{ ("mean") or } 1 \text{ ("sum")},
+
+block-diagonal across layers (Martens & Grosse 2015).  The flattening is minigeo's row-major one
+(``ravel_pytree``: index ``i * out + j`` of ``W[i, j]``), in which :math:`\mathrm{vec}(\bar x g^\top)
+= \bar x \otimes g`, so a product is :math:`(A\otimes B)\,\mathrm{vec}(V) = \mathrm{vec}(A V B)` with
+``V = [v_W; v_b]`` of shape ``(in + 1, out)``.  Solves use the eigendecompositions
+:math:`A = Q_A \Lambda_A Q_A^\top`, :math:`B = Q_B \Lambda_B Q_B^\top`:
+
+.. math:: (A\otimes B + \lambda I)^{-1}\mathrm{vec}(V) = \mathrm{vec}\Big(Q_A\big[(Q_A^\top V Q_B)
+    \oslash (\lambda_A \lambda_B^\top + \lambda)\big] Q_B^\top\Big),
+
+never a :math:`d\times d` matrix.  EKFAC (George et al. 2018) keeps the eigenbasis
+:math:`Q_A \otimes Q_B` and replaces the eigenvalues :math:`\lambda_{A,i}\lambda_{B,j}` by the exact
+second moments of the per-example gradients in that basis, the diagonal of the exact block there:
+
+.. math:: s_{ij} = c\sum_n (q_{A,i}^\top \bar x_n)^2 \sum_r (q_{B,j}^\top g_{n,r})^2
+    = \big[(Q_A\otimes Q_B)^\top G_{(W,b)} (Q_A\otimes Q_B)\big]_{(ij),(ij)}.
+
+It is the Frobenius-nearest matrix to the exact block among those with that eigenbasis, so never
+farther from the exact GGN than KFAC.
+
+**Which parameters.**  Dense layers are found in the model's program (``jax.make_jaxpr``): a
+parameter leaf ``W`` of two axes used exactly once, as the right operand of a matrix product
+``x @ W`` that contracts the last axis of inputs ``x`` of shape ``(N, in)`` (``N`` the batch of the
+outputs) with ``W``'s first axis; its bias is a parameter leaf of one axis used only to be added to
+that product.  Every other parameter (a LayerNorm scale, a convolution kernel, per-head attention
+weights, a weight used twice or applied to tokens, a product inside a nested ``jax.jit``) raises
+:class:`~minigeo.GeometryError` naming it: KFAC has no Kronecker factors for it, and minigeo does not
+silently give it an identity or diagonal block.  The examples must not interact (no batch
+statistics): the backpropagated factors of all examples are taken from one backward pass per
+column of :math:`S`.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, NamedTuple, Union
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax.extend.core import Literal
+
+from ._checks import GeometryError, as_float_point, check_finite, check_key, split_batch
+from ._compile import jit_per_callable
+from ._status import Status
+from ._tree import PyTree
+from .metrics import Likelihood, Metric, categorical_likelihood, gaussian_likelihood
+
+__all__ = ["KroneckerFactor", "KroneckerEigenbasis", "kfac", "ekfac", "kfac_factors", "kronecker_eigenbasis"]
+
+
+class KroneckerFactor(NamedTuple):
+    r"""The Kronecker factors of one dense layer: :math:`G_{(W,b)} \approx A \otimes B`.
+
+    Attributes
+    ----------
+    weight : str
+        The path of the weight leaf ``W`` (shape ``(in, out)``) in the parameters (``jax.tree_util.keystr``).
+    bias : str or None
+        The path of its bias leaf (shape ``(out,)``), or ``None`` for a layer without bias.
+    A : jax.Array
+        :math:`\frac1N\sum_n \bar x_n \bar x_n^\top`, shape ``(in + 1, in + 1)`` with a bias (the
+        last row and column belong to it), ``(in, in)`` without.
+    B : jax.Array
+        :math:`c\sum_{n,r} g_{n,r} g_{n,r}^\top`, shape ``(out, out)``.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X = jnp.array([[1.0, 2.0]])
+    >>> linear, params = lambda p, x: x @ p["W"], {"W": jnp.ones((2, 1))}
+    >>> (f,) = mg.kronecker.kfac_factors(linear, "gaussian", params, batch=(X, None))
+    >>> f.weight, f.bias, f.A.tolist(), f.B.tolist()
+    ("['W']", None, [[1.0, 2.0], [2.0, 4.0]], [[1.0]])
+
+    References
+    ----------
+    Martens & Grosse (2015), "Optimizing Neural Networks with Kronecker-factored Approximate
+    Curvature" (ICML), the factors of one layer. Chapter 2.
+    """
+
+    weight: str
+    bias: str | None
+    A: jax.Array
+    B: jax.Array
+
+
+class KroneckerEigenbasis(NamedTuple):
+    r"""One layer's block of a KFAC or EKFAC metric in its eigenbasis: :math:`(Q_A\otimes Q_B)\,\mathrm{diag}(s)\,(Q_A\otimes Q_B)^\top`.
+
+    Attributes
+    ----------
+    weight : str
+        The path of the weight leaf (``jax.tree_util.keystr``).
+    bias : str or None
+        The path of its bias leaf, or ``None``.
+    QA : jax.Array
+        Eigenvectors of :math:`A`, ``(in + 1, in + 1)`` with a bias, ``(in, in)`` without.
+    QB : jax.Array
+        Eigenvectors of :math:`B`, ``(out, out)``.
+    eigenvalues : jax.Array
+        :math:`s`, shape ``(in (+1), out)``: ``s[i, j]`` belongs to the eigenvector
+        :math:`q_{A,i}\otimes q_{B,j}`; :math:`\lambda_{A,i}\lambda_{B,j}` for KFAC, the projected
+        second moments for EKFAC.  The damping of the metric is not included.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X, linear = jnp.array([[1.0, 0.0], [0.0, 2.0]]), lambda p, x: x @ p["W"]
+    >>> K = mg.kfac(linear, "gaussian", {"W": jnp.zeros((2, 1))}, batch=(X, None))
+    >>> (e,) = mg.kronecker.kronecker_eigenbasis(K)
+    >>> e.eigenvalues.ravel().tolist()  # eigenvalues of A = diag(1, 4) / 2, times B = 1
+    [0.5, 2.0]
+
+    References
+    ----------
+    Martens & Grosse (2015), "Optimizing Neural Networks with Kronecker-factored Approximate
+    Curvature" (ICML); George et al. (2018), "Fast Approximate Natural Gradient Descent in a
+    Kronecker-factored Eigenbasis" (NeurIPS). Chapters 2 and 5.
+    """
+
+    weight: str
+    bias: str | None
+    QA: jax.Array
+    QB: jax.Array
+    eigenvalues: jax.Array
+
+
+class _Layer(NamedTuple):
+    """A dense layer found in the model's program: the matrix product's equation, its leaves, sizes."""
+
+    eqn: int
+    weight: int
+    bias: int | None
+    n_in: int
+    n_out: int
+
+
+# ---------------------------------------------------------------------------
+# finding the dense layers in the model's program
+# ---------------------------------------------------------------------------
+def _is_var(v: Any) -> bool:
+    return not isinstance(v, Literal)
+
+
+def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list[_Layer], list[int]]:
+    """``(layers, others)``: the dense layers of the program and the leaves (indices) that are in none."""
+    invars = jaxpr.invars[: len(leaf_shapes)]
+    index = {v: k for k, v in enumerate(invars)}
+    uses: dict[Any, list[tuple[int, int]]] = {}
+    for i, eqn in enumerate(jaxpr.eqns):
+        for pos, v in enumerate(eqn.invars):
+            if _is_var(v):
+                uses.setdefault(v, []).append((i, pos))
+    for v in jaxpr.outvars:
+        if _is_var(v):
+            uses.setdefault(v, []).append((-1, 0))
+    eqns = jaxpr.eqns
+    producer = {v: e for e in eqns for v in e.outvars}
+
+    def single_use(v: Any) -> tuple[int, int] | None:
+        u = uses.get(v, [])
+        return u[0] if len(u) == 1 else None
+
+    def bias_of(y: Any, n_out: int) -> int | None:
+        for i, pos in uses.get(y, []):
+            if i < 0 or eqns[i].primitive.name != "add":
+                continue
+            other = eqns[i].invars[1 - pos]
+            if not _is_var(other):
+                continue
+            if other in index and leaf_shapes[index[other]] == (n_out,) and single_use(other):
+                return index[other]
+            e = producer.get(other)  # a broadcast of a bias leaf along the batch axis
+            if e is not None and e.primitive.name == "broadcast_in_dim" and single_use(other):
+                src = e.invars[0]
+                if (
+                    _is_var(src)
+                    and src in index
+                    and leaf_shapes[index[src]] == (n_out,)
+                    and single_use(src)
+                    and tuple(e.params["broadcast_dimensions"]) == (len(e.outvars[0].aval.shape) - 1,)
+                ):
+                    return index[src]
+        return None
+
+    layers = []
+    for v, k in index.items():
+        if len(leaf_shapes[k]) != 2 or not single_use(v):
+            continue
+        i, pos = single_use(v)
+        if i < 0 or pos != 1 or eqns[i].primitive.name != "dot_general":
+            continue
+        (lc, rc), (lb, rb) = eqns[i].params["dimension_numbers"]
+        x = eqns[i].invars[0]
+        shape = tuple(x.aval.shape)
+        if tuple(rc) != (0,) or tuple(lc) != (1,) or lb or rb or len(shape) != 2 or shape[0] != batch:
+            continue
+        n_in, n_out = leaf_shapes[k]
+        layers.append(_Layer(i, k, bias_of(eqns[i].outvars[0], n_out), n_in, n_out))
+    layers.sort(key=lambda layer: layer.eqn)
+    taken = {layer.weight for layer in layers} | {layer.bias for layer in layers if layer.bias is not None}
+    return layers, [k for k in range(len(leaf_shapes)) if k not in taken]
+
+
+def _run(closed: Any, leaves: list, probes: list, layers: list[_Layer]) -> tuple[list, list]:
+    """Evaluate the program with a probe added to each dense layer's product; also return the layer inputs."""
+    jaxpr = closed.jaxpr
+    env: dict = {}
+    read = lambda v: v.val if isinstance(v, Literal) else env[v]
+    for v, c in zip(jaxpr.constvars, closed.consts):
+        env[v] = c
+    for v, a in zip(jaxpr.invars, leaves):
+        env[v] = a
+    at = {layer.eqn: n for n, layer in enumerate(layers)}
+    xs = [None] * len(layers)
+    for i, eqn in enumerate(jaxpr.eqns):
+        invals = [read(v) for v in eqn.invars]
+        with eqn.ctx.manager:
+            out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+        if i in at:
+            xs[at[i]] = invals[0]
+            out = out + probes[at[i]]
+        outs = out if eqn.primitive.multiple_results else [out]
+        for v, o in zip(eqn.outvars, outs):
+            env[v] = o
+    return [read(v) for v in jaxpr.outvars], xs
+
+
+# ---------------------------------------------------------------------------
+# the statistics: layer inputs and backpropagated output-side factors
+# ---------------------------------------------------------------------------
+def _as_likelihood(likelihood: Union[str, Likelihood], who: str) -> Likelihood:
+    if isinstance(likelihood, Likelihood):
+        return likelihood
+    if likelihood == "categorical":
+        return categorical_likelihood()
+    if likelihood == "gaussian":
+        return gaussian_likelihood()
+    raise GeometryError(
+        f"{who}: unknown likelihood {likelihood!r}; use 'categorical', 'gaussian', or a Likelihood from "
+        "categorical_likelihood() / gaussian_likelihood(sigma)."
+    )
+
+
+_CATEGORICAL_FISHER_MV = categorical_likelihood().fisher_mv
+
+
+def _output_factor(lik: Likelihood, z: jax.Array) -> jax.Array:
+    r"""``S``, ``(N, C, R)``, with :math:`F_{z_n} = S_n S_n^\top` (the exact output-space Fisher)."""
+    n, c = z.shape
+    if lik.fisher_mv is _CATEGORICAL_FISHER_MV:  # diag(p) - p p^T = S S^T, S = diag(sqrt p) - p sqrt(p)^T
+        p = jax.nn.softmax(z, axis=-1)
+        s = jnp.sqrt(p)
+        return jax.vmap(jnp.diag)(s) - p[:, :, None] * s[:, None, :]
+    cols = jax.vmap(lambda e: lik.fisher_mv(z, jnp.broadcast_to(e, z.shape)))(jnp.eye(c, dtype=z.dtype))
+    blocks = jnp.moveaxis(cols, 0, -1)  # blocks[n, :, k] = F_n e_k
+    lam, q = jnp.linalg.eigh(0.5 * (blocks + jnp.swapaxes(blocks, 1, 2)))
+    return q * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]
+
+
+def _statistics(f: Callable, lik: Likelihood, reduction: str, mc_samples: int | None, key: Any, leaves: list):
+    """``(xs, gs, c)``: per layer the inputs ``(N, in)`` and the backpropagated columns ``(R, N, out)``."""
+    closed = jax.make_jaxpr(f)(leaves)
+    z_aval = closed.out_avals[0]
+    layers, _ = _find_layers(closed.jaxpr, [tuple(x.shape) for x in leaves], z_aval.shape[0])
+    probes = [jnp.zeros((z_aval.shape[0], layer.n_out), z_aval.dtype) for layer in layers]
+    (z,), vjp, xs = jax.vjp(lambda pr: _run(closed, leaves, pr, layers), probes, has_aux=True)
+    n = z.shape[0]
+    z0 = jax.lax.stop_gradient(z)
+    if mc_samples is None:
+        columns = jnp.moveaxis(_output_factor(lik, z0), -1, 0)  # (R, N, C)
+    else:
+        targets = jax.vmap(lambda k: lik.sample(k, z0))(jax.random.split(key, mc_samples))
+        scores = jax.vmap(lambda t: jax.grad(lambda zz: jnp.sum(lik.nll(zz, t)))(z0))(targets)  # (S, N, C)
+        columns = scores / jnp.sqrt(jnp.asarray(mc_samples, z0.dtype))
+    gs = jax.vmap(lambda w: vjp([w])[0])(columns)  # per layer (R, N, out)
+    c = 1.0 / n if reduction == "mean" else 1.0
+    xs = [
+        jnp.concatenate([x, jnp.ones((n, 1), x.dtype)], axis=1) if layer.bias is not None else x
+        for x, layer in zip(xs, layers)
+    ]
+    return xs, list(gs), c
+
+
+_compiled = jit_per_callable(lambda work, leaves: work(leaves))
+
+
+def _prepare(model_fn: Callable, likelihood: Any, params: PyTree, batch: Any, reduction: str,
+             mc_samples: Any, key: Any, who: str):
+    """Checked arguments, the model on its data over the flat leaves, the dense layers found."""
+    lik = _as_likelihood(likelihood, who)
+    if reduction not in ("mean", "sum"):
+        raise GeometryError(f"{who}: reduction must be 'mean' or 'sum', got {reduction!r}.")
+    if mc_samples is not None:
+        if key is None or isinstance(mc_samples, bool) or not (isinstance(mc_samples, int) and mc_samples >= 1):
+            raise GeometryError(f"{who}: the Monte-Carlo Fisher needs mc_samples >= 1 (an int) and a PRNG key.")
+        check_key(key)
+    params = as_float_point(params, "params")
+    check_finite(params, "params")
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    if batch is None:
+        f = lambda ls: model_fn(jax.tree_util.tree_unflatten(treedef, ls))
+    else:
+        inputs, _ = split_batch(batch, who)
+        f = lambda ls: model_fn(jax.tree_util.tree_unflatten(treedef, ls), inputs)
+    closed = jax.make_jaxpr(f)(leaves)
+    if len(closed.out_avals) != 1 or len(closed.out_avals[0].shape) != 2:
+        shapes = [tuple(a.shape) for a in closed.out_avals]
+        raise GeometryError(
+            f"{who}: model_fn must return one array of outputs of shape (N, C) (a batch of logits or means); "
+            f"got {shapes if len(shapes) != 1 else shapes[0]}."
+        )
+    n = closed.out_avals[0].shape[0]
+    if n == 0:
+        raise GeometryError(f"{who}: the batch is empty; the metric of an empty batch is undefined.")
+    layers, others = _find_layers(closed.jaxpr, [tuple(np.shape(x)) for x in leaves], n)
+    if others:
+        listed = ", ".join(f"{paths[k]} {tuple(np.shape(leaves[k]))}" for k in others)
+        raise GeometryError(
+            f"{who}: {len(others)} parameter(s) are not in a dense layer, so KFAC has no Kronecker factors for "
+            f"them: {listed}. A dense layer here is `x @ W (+ b)`: W of shape (in, out) used once, on inputs x "
+            f"of shape (N, in) with N = {n} the batch of the outputs, b of shape (out,) used only to be added "
+            "to that product (not inside a nested jax.jit, not applied to tokens). Use mg.ggn / mg.fisher "
+            "(exact, matrix-free) for other models."
+        )
+    return lik, params, leaves, treedef, paths, f, layers
+
+
+def _eigh(M: jax.Array) -> tuple[jax.Array, jax.Array]:
+    lam, Q = jnp.linalg.eigh(0.5 * (M + M.T))
+    return jnp.maximum(lam, 0.0), Q  # PSD by construction: clip round-off below zero
+
+
+# ---------------------------------------------------------------------------
+# the metrics
+# ---------------------------------------------------------------------------
+def _stack(leaves: list, layer: _Layer) -> jax.Array:
+    W = leaves[layer.weight]
+    return W if layer.bias is None else jnp.concatenate([W, leaves[layer.bias][None, :]], axis=0)
+
+
+def _unstack(out: list, layer: _Layer, V: jax.Array) -> None:
+    out[layer.weight] = V[: layer.n_in]
+    if layer.bias is not None:
+        out[layer.bias] = V[layer.n_in]
+
+
+def _check_point(params: PyTree, treedef: Any, shapes: list, who: str) -> list:
+    leaves, td = jax.tree_util.tree_flatten(params)
+    if td != treedef or [tuple(np.shape(x)) for x in leaves] != shapes:
+        raise GeometryError(
+            f"{who}: this metric was built for parameters of structure {treedef} with leaf shapes {shapes}; "
+            f"got {td} with {[tuple(np.shape(x)) for x in leaves]}. Build it again at these parameters."
+        )
+    return leaves
+
+
+class _FactoredProduct:
+    """The product function of a Kronecker-factored metric, holding its eigenbasis (read by
+    :func:`kronecker_eigenbasis`)."""
+
+    def __init__(self, mv: Callable, eigenbasis: Callable[[], list]) -> None:
+        self._mv, self.eigenbasis = mv, eigenbasis
+
+    def __call__(self, params: PyTree, v: PyTree) -> PyTree:
+        return self._mv(params, v)
+
+
+def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks: list, kind: str,
+            paths: list) -> Metric:
+    """The block-diagonal metric of the factored blocks: ``kind="kfac"`` blocks ``(A, B, lamA, QA, lamB, QB)``,
+    ``kind="ekfac"`` blocks ``(S, QA, QB)``."""
+
+    def mv(params: PyTree, v: PyTree) -> PyTree:
+        _check_point(params, treedef, shapes, name)
+        vs = jax.tree_util.tree_leaves(v)
+        out = list(vs)
+        for layer, block in zip(layers, blocks):
+            V = _stack(vs, layer)
+            if kind == "kfac":
+                A, B = block[0], block[1]
+                R = A.astype(V.dtype) @ V @ B.astype(V.dtype)
+            else:
+                S, QA, QB = (b.astype(V.dtype) for b in block)
+                R = QA @ ((QA.T @ V @ QB) * S) @ QB.T
+            _unstack(out, layer, R)
+        return jax.tree_util.tree_unflatten(treedef, out)
+
+    def solve(params: PyTree, rhs: PyTree, damping: Any) -> tuple[PyTree, jax.Array]:
+        _check_point(params, treedef, shapes, name)
+        rs = jax.tree_util.tree_leaves(rhs)
+        out = list(rs)
+        ok, finite = jnp.asarray(True), jnp.asarray(True)
+        for layer, block in zip(layers, blocks):
+            V = _stack(rs, layer)
+            if kind == "kfac":
+                lamA, QA, lamB, QB = (b.astype(V.dtype) for b in block[2:])
+                S = lamA[:, None] * lamB[None, :]
+            else:
+                S, QA, QB = (b.astype(V.dtype) for b in block)
+            D = S + damping
+            eps = jnp.finfo(V.dtype).eps
+            ok = ok & (jnp.min(D) > max(D.shape) * eps * jnp.max(jnp.abs(D)))
+            finite = finite & jnp.all(jnp.isfinite(D)) & jnp.all(jnp.isfinite(V))
+            _unstack(out, layer, QA @ ((QA.T @ V @ QB) / D) @ QB.T)
+        status = jnp.where(
+            ~finite, Status.NON_FINITE, jnp.where(ok, Status.OK, Status.NOT_POSITIVE_DEFINITE)
+        ).astype(jnp.int32)
+        out = [jnp.where(status == Status.OK, x, jnp.nan) for x in out]
+        return jax.tree_util.tree_unflatten(treedef, out), status
+
+    def eigenbasis() -> list[KroneckerEigenbasis]:
+        out = []
+        for layer, block in zip(layers, blocks):
+            if kind == "kfac":
+                lamA, QA, lamB, QB = block[2:]
+                S = lamA[:, None] * lamB[None, :]
+            else:
+                S, QA, QB = block
+            bias = None if layer.bias is None else paths[layer.bias]
+            out.append(KroneckerEigenbasis(paths[layer.weight], bias, QA, QB, S))
+        return out
+
+    return Metric(_FactoredProduct(mv, eigenbasis), name, solve_fn=solve)
+
+
+def kronecker_eigenbasis(metric: Metric) -> list[KroneckerEigenbasis]:
+    r"""The eigenbasis and eigenvalues of every layer's block of a :func:`kfac` or :func:`ekfac` metric.
+
+    .. math:: G_\ell = (Q_{A,\ell}\otimes Q_{B,\ell})\,\mathrm{diag}(s_\ell)\,(Q_{A,\ell}\otimes Q_{B,\ell})^\top,
+
+    what log-determinants, samples and marginal variances of a Kronecker-factored Laplace posterior
+    are computed from (:func:`~minigeo.laplace_posterior` with ``structure="kfac"``).
+
+    Parameters
+    ----------
+    metric : :class:`~minigeo.Metric`
+        A metric made by :func:`kfac` or :func:`ekfac` (its damping is not included).
+
+    Returns
+    -------
+    list of :class:`~minigeo.kronecker.KroneckerEigenbasis`
+        One per dense layer, in the order of the model's program.
+
+    Raises
+    ------
+    GeometryError
+        For any other metric.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X, linear = jnp.array([[1.0, 2.0]]), lambda p, x: x @ p["W"]
+    >>> K = mg.kfac(linear, "gaussian", {"W": jnp.zeros((2, 1))}, batch=(X, None))
+    >>> [e.eigenvalues.shape for e in mg.kronecker.kronecker_eigenbasis(K)]
+    [(2, 1)]
+
+    References
+    ----------
+    Martens & Grosse (2015), "Optimizing Neural Networks with Kronecker-factored Approximate
+    Curvature" (ICML). Chapters 2 and 5.
+    """
+    fn = getattr(metric, "mv_fn", None)
+    if not isinstance(fn, _FactoredProduct):
+        raise GeometryError(
+            f"kronecker_eigenbasis: needs a metric made by mg.kfac or mg.ekfac; got "
+            f"{getattr(metric, 'name', type(metric).__name__)!r}."
+        )
+    return fn.eigenbasis()
+
+
+def _factors(model_fn, likelihood, params, batch, reduction, mc_samples, key, who):
+    lik, params, leaves, treedef, paths, f, layers = _prepare(
+        model_fn, likelihood, params, batch, reduction, mc_samples, key, who
+    )
+
+    def work(ls: list) -> list:
+        xs, gs, c = _statistics(f, lik, reduction, mc_samples, key, ls)
+        return [(x, g, c) for x, g in zip(xs, gs)]
+
+    stats = _compiled(work, leaves)
+    return lik, treedef, [tuple(np.shape(x)) for x in leaves], paths, layers, stats
+
+
+def kfac_factors(
+    model_fn: Callable[..., jax.Array],
+    likelihood: Union[str, Likelihood],
+    params: PyTree,
+    *,
+    batch: Any = None,
+    reduction: str = "mean",
+    mc_samples: int | None = None,
+    key: jax.Array | None = None,
+) -> list[KroneckerFactor]:
+    r"""The Kronecker factors :math:`A, B` of every dense layer, in the order of the model's program.
+
+    .. math:: A = \frac1N\sum_n \bar x_n \bar x_n^\top,\qquad B = c\sum_n\sum_r g_{n,r} g_{n,r}^\top,
+
+    the factors of :func:`kfac` (same arguments), for inspection and for building on them.
+
+    Parameters
+    ----------
+    model_fn, likelihood, params, batch, reduction, mc_samples, key
+        As in :func:`kfac`.
+
+    Returns
+    -------
+    list of :class:`~minigeo.kronecker.KroneckerFactor`
+        One per dense layer.
+
+    Raises
+    ------
+    GeometryError
+        As :func:`kfac`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X = jnp.array([[1.0], [3.0]])
+    >>> params = {"W": jnp.ones((1, 1)), "b": jnp.zeros(1)}
+    >>> affine = lambda p, x: x @ p["W"] + p["b"]
+    >>> (f,) = mg.kronecker.kfac_factors(affine, "gaussian", params, batch=(X, None))
+    >>> f.A.tolist(), f.B.tolist()  # mean of (x, 1)(x, 1)^T; B = (1/N) sum_n 1
+    ([[5.0, 2.0], [2.0, 1.0]], [[1.0]])
+
+    References
+    ----------
+    Martens & Grosse (2015), "Optimizing Neural Networks with Kronecker-factored Approximate
+    Curvature" (ICML). Chapter 2.
+    """
+    _, _, _, paths, layers, stats = _factors(
+        model_fn, likelihood, params, batch, reduction, mc_samples, key, "kfac_factors"
+    )
+    out = []
+    for layer, (x, g, c) in zip(layers, stats):
+        A = x.T @ x / x.shape[0]
+        B = c * jnp.einsum("rno,rnp->op", g, g)
+        out.append(KroneckerFactor(paths[layer.weight], None if layer.bias is None else paths[layer.bias], A, B))
+    return out
+
+
+def kfac(
+    model_fn: Callable[..., jax.Array],
+    likelihood: Union[str, Likelihood],
+    params: PyTree,
+    *,
+    batch: Any = None,
+    reduction: str = "mean",
+    mc_samples: int | None = None,
+    key: jax.Array | None = None,
+) -> Metric:
+    r"""The KFAC approximation of the GGN / Fisher: one Kronecker product per dense layer, block-diagonal.
+
+    .. math:: G(\theta) \approx \mathrm{blockdiag}_\ell\,(A_\ell \otimes B_\ell),\qquad
+        A_\ell = \frac1N\sum_n \bar x_n \bar x_n^\top,\quad B_\ell = c\sum_n\sum_r g_{n,r} g_{n,r}^\top,
+
+    :math:`\bar x_n` the layer's input (with a 1 appended for a bias), :math:`g_{n,r} = J_{y_n}^\top
+    S_n e_r` the columns of a square root :math:`S_n S_n^\top = F_{z_n}` of the output-space Fisher
+    backpropagated to the layer's output :math:`y_n` ("type-2", the exact expectation; the GGN for
+    the categorical and Gaussian likelihoods), or, with ``mc_samples``, the gradients
+    :math:`\nabla_{y_n}\log p(t\mid z_n)/\sqrt{S}` at sampled targets (the MC Fisher).  The factors are
+    computed once, at ``params``: the metric is the constant field of that point, and its
+    :meth:`~minigeo.Metric.solve` is exact through the eigendecompositions of the factors (default
+    ``method="factored"``), never forming a :math:`d\times d` matrix.  Exact (equal to the block of
+    the GGN) for one example, ``N = 1``, and more generally whenever
+    :math:`\bar x_n \bar x_n^\top` or :math:`\sum_r g_{n,r}g_{n,r}^\top` is the same for every example.
+    Which parameters count as dense layers, and what happens to the others: see :mod:`minigeo.kronecker`.
+
+    Parameters
+    ----------
+    model_fn : callable
+        ``model_fn(params, inputs) -> z`` with ``batch``, ``params -> z`` without: outputs of shape
+        ``(N, C)`` (logits for ``"categorical"``, means for ``"gaussian"``).
+    likelihood : {"categorical", "gaussian"} or :class:`~minigeo.Likelihood`
+        As in :func:`~minigeo.fisher`.
+    params : pytree
+        The point :math:`\theta` at which the factors are computed.
+    batch : tuple, optional
+        ``(inputs, targets)`` (the targets are not used: the Fisher takes its targets from the
+        model), as in :func:`~minigeo.ggn` and :func:`~minigeo.fisher`.
+    reduction : {"mean", "sum"}, optional
+        ``"mean"`` (:math:`c = 1/N`, a mean loss) or ``"sum"`` (:math:`c = 1`).
+    mc_samples : int, optional
+        With ``key``: the Monte-Carlo Fisher's factors, ``mc_samples`` sampled targets per example.
+    key : jax.Array, optional
+        PRNG key of the sampled targets.
+
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        Named ``"KFAC (<likelihood>)"``; its damping is added as for every metric
+        (``.with_damping(lam)``: :math:`A\otimes B + \lambda I`, not the factored damping of the paper).
+
+    Raises
+    ------
+    GeometryError
+        For parameters that are not in a dense layer (named), outputs not of shape ``(N, C)``, an
+        unknown likelihood or ``reduction``, ``mc_samples`` without a key, non-finite parameters;
+        from the metric: vectors or parameters of another structure or shape, negative damping, and
+        (eagerly) a solve with a singular damped factor product.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X = jnp.array([[1.0, 2.0]])  # one example: KFAC is the exact GGN
+    >>> params = {"W": jnp.zeros((2, 2)), "b": jnp.zeros(2)}
+    >>> model = lambda p, x: x @ p["W"] + p["b"]
+    >>> K = mg.kfac(model, "categorical", params, batch=(X, None))
+    >>> G = mg.fisher(model, "categorical", batch=(X, None))
+    >>> bool(jnp.allclose(K.dense(params), G.dense(params)))
+    True
+    >>> v = {"W": jnp.ones((2, 2)), "b": jnp.ones(2)}
+    >>> x = K.with_damping(0.1).solve(params, v)  # through the eigenvectors of A and B
+    >>> bool(jnp.allclose(K.with_damping(0.1).mv(params, x)["W"], v["W"], atol=1e-5))
+    True
+
+    References
+    ----------
+    Martens & Grosse (2015), "Optimizing Neural Networks with Kronecker-factored Approximate
+    Curvature" (ICML); the "type-2" factor :math:`B` as in curvlinops' ``KFACLinearOperator``.
+    Chapter 2.
+    """
+    lik, treedef, shapes, paths, layers, stats = _factors(
+        model_fn, likelihood, params, batch, reduction, mc_samples, key, "kfac"
+    )
+    blocks = []
+    for x, g, c in stats:
+        A = x.T @ x / x.shape[0]
+        B = c * jnp.einsum("rno,rnp->op", g, g)
+        blocks.append((A, B, *_eigh(A), *_eigh(B)))
+    name = f"{'MC ' if mc_samples is not None else ''}KFAC ({lik.name})"
+    return _metric(name, treedef, shapes, layers, blocks, "kfac", paths)
+
+
+def ekfac(
+    model_fn: Callable[..., jax.Array],
+    likelihood: Union[str, Likelihood],
+    params: PyTree,
+    *,
+    batch: Any = None,
+    reduction: str = "mean",
+    mc_samples: int | None = None,
+    key: jax.Array | None = None,
+) -> Metric:
+    r"""EKFAC: KFAC's Kronecker eigenbasis with the exact second moments of the gradients as eigenvalues.
+
+    .. math:: G(\theta) \approx \mathrm{blockdiag}_\ell\,(Q_A\otimes Q_B)\,\mathrm{diag}(s)\,(Q_A\otimes Q_B)^\top,
+        \qquad s_{ij} = c\sum_n (q_{A,i}^\top \bar x_n)^2 \sum_r (q_{B,j}^\top g_{n,r})^2,
+
+    :math:`Q_A, Q_B` the eigenvectors of :func:`kfac`'s factors of each layer, :math:`\bar x_n` and
+    :math:`g_{n,r}` as there.  :math:`s` is the diagonal of the exact GGN / Fisher block in that
+    basis, so EKFAC is the nearest matrix to the exact block (Frobenius norm) with KFAC's
+    eigenvectors, never farther from it than KFAC.  A function of its own, as :func:`~minigeo.ggn`,
+    :func:`~minigeo.fisher` and :func:`~minigeo.empirical_fisher` are (one name per matrix computed),
+    with :func:`kfac`'s arguments; products and solves cost the same as KFAC's solves.
+
+    Parameters
+    ----------
+    model_fn, likelihood, params, batch, reduction, mc_samples, key
+        As in :func:`kfac`.
+
+    Returns
+    -------
+    :class:`~minigeo.Metric`
+        Named ``"EKFAC (<likelihood>)"``; exact factored solves, as :func:`kfac`'s.
+
+    Raises
+    ------
+    GeometryError
+        As :func:`kfac`.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> import minigeo as mg
+    >>> X = jnp.array([[1.0, 0.0], [0.0, 2.0]])
+    >>> params = {"W": jnp.zeros((2, 1))}
+    >>> model = lambda p, x: x @ p["W"]
+    >>> E = mg.ekfac(model, "gaussian", params, batch=(X, None))
+    >>> E.dense(params)  # the exact GGN X^T X / N, diagonal in A's eigenbasis
+    Array([[0.5, 0. ],
+           [0. , 2. ]], dtype=float32)
+
+    References
+    ----------
+    George, Laurent, Bouthillier, Ballas & Vincent (2018), "Fast Approximate Natural Gradient
+    Descent in a Kronecker-factored Eigenbasis" (NeurIPS); Martens & Grosse (2015). Chapter 2.
+    """
+    lik, treedef, shapes, paths, layers, stats = _factors(
+        model_fn, likelihood, params, batch, reduction, mc_samples, key, "ekfac"
+    )
+    blocks = []
+    for x, g, c in stats:
+        _, QA = _eigh(x.T @ x / x.shape[0])
+        _, QB = _eigh(c * jnp.einsum("rno,rnp->op", g, g))
+        xt, gt = x @ QA, g @ QB
+        S = c * (xt * xt).T @ jnp.sum(gt * gt, axis=0)
+        blocks.append((S, QA, QB))
+    name = f"{'MC ' if mc_samples is not None else ''}EKFAC ({lik.name})"
+    return _metric(name, treedef, shapes, layers, blocks, "ekfac", paths)

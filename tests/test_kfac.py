@@ -1,0 +1,583 @@
+"""KFAC and EKFAC (minigeo.kronecker, issue 52) against the exact GGN, hand-built factors and curvlinops.
+
+Truths: the exact GGN / Fisher built here from a dense ``jax.jacfwd`` Jacobian and the closed-form
+output Hessian (never from minigeo's metrics); the Kronecker factors rebuilt by hand from an explicit
+forward pass and per-example vector-Jacobian products; dense ``numpy.linalg.solve``; curvlinops'
+``KFACLinearOperator`` / ``EKFACLinearOperator`` on the same torch MLP (slow, needs torch).
+
+When KFAC is exact: one example's block is :math:`\\bar x\\bar x^\\top \\otimes \\sum_r g_r g_r^\\top`
+exactly, so KFAC equals every diagonal block of the exact GGN for ``N = 1`` (any depth and
+activation), and for any ``N`` when one factor is the same for every example: a single linear layer
+with a Gaussian likelihood (:math:`\\sum_r g_r g_r^\\top = I/\\sigma^2` for each example).
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from helpers import compiles_during, rng
+
+import minigeo as mg
+
+DTYPES = [jnp.float64, jnp.float32]
+
+
+def tol(dtype, factor=100.0):
+    return factor * float(jnp.finfo(dtype).eps)
+
+
+def mlp(seed=0, sizes=(3, 5, 4), n=6, dtype=jnp.float64, bias=(True, True), act=jnp.tanh):
+    r = rng(seed)
+    params = []
+    for (m, k), b in zip(zip(sizes[:-1], sizes[1:]), bias):
+        layer = {"W": jnp.asarray(r.normal(size=(m, k)) / np.sqrt(m), dtype)}
+        if b:
+            layer["b"] = jnp.asarray(0.3 * r.normal(size=k), dtype)
+        params.append(layer)
+    X = jnp.asarray(r.normal(size=(n, sizes[0])), dtype)
+
+    def model(p, x):
+        h = x
+        for i, layer in enumerate(p):
+            h = h @ layer["W"] + (layer["b"] if "b" in layer else 0.0)
+            if i < len(p) - 1:
+                h = act(h)
+        return h
+
+    return params, model, X
+
+
+def flat_index(params):
+    """The positions of every leaf in the flattened (ravel_pytree) parameters, as a pytree of index arrays."""
+    sizes = [x.size for x in jax.tree_util.tree_leaves(params)]
+    offsets = np.cumsum([0] + sizes)
+    leaves = [np.arange(o, o + x.size).reshape(x.shape) for o, x in zip(offsets, jax.tree_util.tree_leaves(params))]
+    return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(params), leaves)
+
+
+def layer_index(params, layer):
+    """Flat positions of a layer's parameters in Kronecker order: rows of W, then b."""
+    idx = flat_index(params)[layer]
+    rows = idx["W"] if "b" not in idx else np.concatenate([idx["W"], idx["b"][None]], axis=0)
+    return rows.ravel()
+
+
+def output_hessian(z, likelihood, sigma=1.0):
+    """Per-example output Hessian of the negative log-likelihood, ``(N, C, C)``, closed form."""
+    z = np.asarray(z, np.float64)
+    if likelihood == "categorical":
+        p = np.exp(z - z.max(1, keepdims=True))
+        p /= p.sum(1, keepdims=True)
+        return np.stack([np.diag(q) - np.outer(q, q) for q in p])
+    return np.stack([np.eye(z.shape[1]) / sigma**2 for _ in z])
+
+
+def exact_ggn(model, params, X, likelihood="categorical", reduction="mean"):
+    """``c sum_n J_n^T H_n J_n`` from the dense Jacobian (jax.jacfwd) and the closed-form output Hessians."""
+    flat, unravel = jax.flatten_util.ravel_pytree(params)
+    z = model(params, X)
+    J = np.asarray(jax.jacfwd(lambda f: model(unravel(f), X))(flat), np.float64)  # (N, C, d)
+    H = output_hessian(z, likelihood)
+    G = np.einsum("ncd,nce,nef->df", J, H, J)
+    return G / X.shape[0] if reduction == "mean" else G
+
+
+def block_mask(params):
+    d = jax.flatten_util.ravel_pytree(params)[0].size
+    mask = np.zeros((d, d), bool)
+    for layer in range(len(params)):
+        i = layer_index(params, layer)
+        mask[np.ix_(i, i)] = True
+    return mask
+
+
+def dense(metric, params):
+    return np.asarray(metric.dense(params), np.float64)
+
+
+import jax.flatten_util  # noqa: E402
+
+
+# ---------------------------------------------------------------------------
+# (a) exactness where KFAC is exact
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("likelihood", ["categorical", "gaussian"])
+@pytest.mark.parametrize("act", [jnp.tanh, lambda h: h, jax.nn.relu, jax.nn.gelu], ids=["tanh", "deep-linear", "relu", "gelu"])
+def test_kfac_equals_the_exact_ggn_blocks_for_one_example(dtype, likelihood, act):
+    params, model, X = mlp(1, sizes=(3, 5, 4, 3), n=1, dtype=dtype, bias=(True, False, True), act=act)
+    G = exact_ggn(model, params, X, likelihood)
+    K = dense(mg.kfac(model, likelihood, params, batch=(X, None)), params)
+    mask = block_mask(params)
+    scale = np.abs(G).max()
+    np.testing.assert_allclose(K, np.where(mask, G, 0.0), atol=tol(dtype) * scale, rtol=0)
+    assert np.abs(G[~mask]).max() > 1e-3 * scale  # the exact GGN has cross-layer blocks; KFAC drops them
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kfac_is_exact_for_a_linear_layer_with_a_gaussian_likelihood_at_any_batch(dtype):
+    params, model, X = mlp(2, sizes=(4, 3), n=9, dtype=dtype, bias=(True,))
+    G = exact_ggn(model, params, X, "gaussian")
+    K = dense(mg.kfac(model, "gaussian", params, batch=(X, None)), params)
+    np.testing.assert_allclose(K, G, atol=tol(dtype) * np.abs(G).max(), rtol=0)
+    # and not in general: a nonlinear net with several examples differs from its exact blocks
+    params, model, X = mlp(3, n=7, dtype=dtype)
+    G = exact_ggn(model, params, X)
+    K = dense(mg.kfac(model, "categorical", params, batch=(X, None)), params)
+    assert np.abs(K - np.where(block_mask(params), G, 0)).max() > 1e-3 * np.abs(G).max()
+
+
+# ---------------------------------------------------------------------------
+# (b) block-diagonal structure, each block the Kronecker product of the hand-built factors
+# ---------------------------------------------------------------------------
+def hand_factors(model_params, X, likelihood, reduction="mean"):
+    """A_l and B_l from an explicit forward pass and per-example backward passes (no program analysis)."""
+    p = model_params
+    n = X.shape[0]
+
+    def forward(p, x, eps):  # pre-activations s_l = h_{l-1} W_l + b_l + eps_l
+        h, inputs = x, []
+        for i, layer in enumerate(p):
+            inputs.append(h)
+            h = h @ layer["W"] + (layer["b"] if "b" in layer else 0.0) + eps[i]
+            if i < len(p) - 1:
+                h = jnp.tanh(h)
+        return h, inputs
+
+    A, B = [], []
+    z, inputs = forward(p, X, [0.0] * len(p))
+    H = output_hessian(z, likelihood)
+    for i, layer in enumerate(p):
+        x = np.asarray(inputs[i], np.float64)
+        if "b" in layer:
+            x = np.concatenate([x, np.ones((n, 1))], axis=1)
+        A.append(x.T @ x / n)
+        Bi = 0.0
+        for k in range(n):
+            eps = [jnp.zeros((1, lay["W"].shape[1]), X.dtype) for lay in p]
+            _, vjp = jax.vjp(lambda e: forward(p, X[k : k + 1], e)[0], eps)
+            lam, Q = np.linalg.eigh(H[k])
+            S = Q * np.sqrt(np.maximum(lam, 0))
+            for r in range(S.shape[1]):
+                g = np.asarray(vjp(jnp.asarray(S[:, r][None], X.dtype))[0][i], np.float64)[0]
+                Bi = Bi + np.outer(g, g)
+        B.append(Bi / n if reduction == "mean" else Bi)
+    return A, B
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+def test_kfac_is_block_diagonal_with_the_kronecker_products_of_hand_built_factors(dtype, reduction):
+    params, model, X = mlp(4, sizes=(3, 6, 5, 4), n=7, dtype=dtype, bias=(True, False, True))
+    K = dense(mg.kfac(model, "categorical", params, batch=(X, None), reduction=reduction), params)
+    A, B = hand_factors(params, X, "categorical", reduction)
+    factors = mg.kronecker.kfac_factors(model, "categorical", params, batch=(X, None), reduction=reduction)
+    assert [(f.weight, f.bias) for f in factors] == [
+        ("[0]['W']", "[0]['b']"), ("[1]['W']", None), ("[2]['W']", "[2]['b']")
+    ]
+    mask = block_mask(params)
+    assert np.all(K[~mask] == 0.0)  # cross-layer blocks exactly zero
+    for layer in range(len(params)):
+        i = layer_index(params, layer)
+        block = np.kron(A[layer], B[layer])
+        s = np.abs(block).max()
+        np.testing.assert_allclose(K[np.ix_(i, i)], block, atol=tol(dtype) * s, rtol=0)
+        np.testing.assert_allclose(np.asarray(factors[layer].A), A[layer], atol=tol(dtype) * np.abs(A[layer]).max())
+        np.testing.assert_allclose(np.asarray(factors[layer].B), B[layer], atol=tol(dtype) * np.abs(B[layer]).max())
+
+
+def test_params_given_as_a_flat_dict_with_separated_weight_and_bias():
+    """Leaves of one layer need not be neighbours in the flattening (sorted keys: W1, W2, b1, b2)."""
+    params, model, X = mlp(5, n=1)
+    flat = {"W1": params[0]["W"], "b1": params[0]["b"], "W2": params[1]["W"], "b2": params[1]["b"]}
+    f = lambda p, x: jnp.tanh(x @ p["W1"] + p["b1"]) @ p["W2"] + p["b2"]
+    G = exact_ggn(f, flat, X)
+    K = dense(mg.kfac(f, "categorical", flat, batch=(X, None)), flat)
+    # with one example every within-layer entry is exact and cross-layer entries are zero
+    idx = flat_index(flat)
+    l1 = np.concatenate([idx["W1"].ravel(), idx["b1"]])
+    mask = np.zeros_like(G, bool)
+    mask[np.ix_(l1, l1)] = True
+    l2 = np.concatenate([idx["W2"].ravel(), idx["b2"]])
+    mask[np.ix_(l2, l2)] = True
+    np.testing.assert_allclose(K, np.where(mask, G, 0), atol=1e-13 * np.abs(G).max())
+
+
+def test_data_closed_over_and_monte_carlo_factors():
+    params, model, X = mlp(6, n=5)
+    K1 = dense(mg.kfac(lambda p: model(p, X), "categorical", params), params)
+    K2 = dense(mg.kfac(model, "categorical", params, batch=(X, None)), params)
+    np.testing.assert_allclose(K1, K2, atol=1e-14)
+    # MC factors: unbiased for the type-2 ones as the samples grow (B is linear in the sampled outer products)
+    key = jax.random.PRNGKey(0)
+    KM = dense(mg.kfac(model, "categorical", params, batch=(X, None), mc_samples=4000, key=key), params)
+    assert np.abs(KM - K2).max() < 0.05 * np.abs(K2).max()
+    assert mg.kfac(model, "categorical", params, batch=(X, None), mc_samples=1, key=key).name.startswith("MC KFAC")
+
+
+# ---------------------------------------------------------------------------
+# (c) solves through the factors, damping, no d x d matrix
+# ---------------------------------------------------------------------------
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("which", ["kfac", "ekfac"])
+def test_solve_inverts_the_damped_product_and_matches_a_dense_solve(dtype, which):
+    params, model, X = mlp(7, sizes=(3, 6, 4), n=8, dtype=dtype)
+    M = getattr(mg, which)(model, "categorical", params, batch=(X, None))
+    lam = 0.05
+    Md = M.with_damping(lam)
+    D = dense(M, params)
+    np.testing.assert_allclose(dense(Md, params), D + lam * np.eye(len(D)), atol=tol(dtype) * np.abs(D).max())
+    r = rng(8)
+    v = jax.tree_util.tree_map(lambda a: jnp.asarray(r.normal(size=a.shape), dtype), params)
+    vf = np.asarray(jax.flatten_util.ravel_pytree(v)[0], np.float64)
+    x = Md.solve(params, v)
+    xf = np.asarray(jax.flatten_util.ravel_pytree(x)[0], np.float64)
+    truth = np.linalg.solve(D + lam * np.eye(len(D)), vf)
+    cond = np.linalg.cond(D + lam * np.eye(len(D)))
+    np.testing.assert_allclose(xf, truth, atol=tol(dtype) * cond * np.abs(truth).max(), rtol=0)
+    back = np.asarray(jax.flatten_util.ravel_pytree(Md.mv(params, x))[0], np.float64)
+    np.testing.assert_allclose(back, vf, atol=tol(dtype) * cond * np.abs(vf).max(), rtol=0)
+    x2 = Md.solve(params, Md.mv(params, v))  # solve(mv(v)) = v
+    np.testing.assert_allclose(
+        np.asarray(jax.flatten_util.ravel_pytree(x2)[0]), vf, atol=tol(dtype) * cond * np.abs(vf).max(), rtol=0
+    )
+    # the same answer as conjugate gradients on the products, and as natural_gradient's metric= path
+    xcg = np.asarray(jax.flatten_util.ravel_pytree(Md.solve(params, v, method="cg", tol=1e-10 if dtype == jnp.float64 else 1e-5))[0])
+    np.testing.assert_allclose(xcg, xf, atol=(1e-8 if dtype == jnp.float64 else 1e-3) * np.abs(xf).max())
+
+
+def test_solve_never_forms_a_d_by_d_matrix():
+    """On an MLP 300-200-10 (d = 62 210; a d x d float64 matrix would take 31 GB) every array in the
+    solve's program is at most d entries or a factor's size."""
+    params, model, X = mlp(9, sizes=(300, 200, 10), n=16)
+    d = sum(x.size for x in jax.tree_util.tree_leaves(params))
+    M = mg.kfac(model, "categorical", params, batch=(X, None)).with_damping(1e-3)
+    v = jax.tree_util.tree_map(jnp.ones_like, params)
+    program = jax.make_jaxpr(lambda v: M.solve_fn(params, v, M.damping))(v)
+    largest = max(
+        int(np.prod(var.aval.shape))
+        for eqn in program.jaxpr.eqns
+        for var in eqn.outvars
+        if hasattr(var.aval, "shape")
+    )
+    assert largest <= max(d, 301**2), largest
+    x = M.solve(params, v)
+    back = M.mv(params, x)
+    err = max(float(jnp.abs(a - b).max()) for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(v)))
+    assert err < 1e-6
+
+
+def test_singular_factors_without_damping_raise_eagerly_and_give_nan_under_jit():
+    params, model, X = mlp(10, n=1)  # one example: A = x x^T has rank 1
+    M = mg.kfac(model, "categorical", params, batch=(X, None))
+    v = jax.tree_util.tree_map(jnp.ones_like, params)
+    with pytest.raises(mg.GeometryError, match="NOT_POSITIVE_DEFINITE"):
+        M.solve(params, v)
+    x, info = jax.jit(lambda v: M.solve(params, v, return_info=True))(v)
+    assert int(info.status) == mg.Status.NOT_POSITIVE_DEFINITE and not bool(info.converged)
+    assert all(bool(jnp.all(jnp.isnan(a))) for a in jax.tree_util.tree_leaves(x))
+    x, info = M.with_damping(1e-2).solve(params, v, return_info=True)
+    assert int(info.status) == 0 and bool(info.converged)
+
+
+def test_natural_gradient_by_cg_agrees_with_the_factored_solve():
+    """natural_gradient's solver="cg" runs CG on the KFAC products (its documented solver); the exact
+    factored solve is M.with_damping(c).solve (or the metric= inverse of the estimators)."""
+    params, model, X = mlp(11, n=6)
+    M = mg.kfac(model, "categorical", params, batch=(X, None))
+    g = jax.tree_util.tree_map(jnp.ones_like, params)
+    ng = mg.natural_gradient(M, params, g, damping=0.1, tol=1e-10)
+    x = M.with_damping(0.1).solve(params, g)
+    for a, b in zip(jax.tree_util.tree_leaves(ng), jax.tree_util.tree_leaves(x)):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-8, atol=1e-10)
+
+
+# ---------------------------------------------------------------------------
+# (e) bad input raises clearly
+# ---------------------------------------------------------------------------
+def test_parameters_outside_dense_layers_are_named():
+    params, model, X = mlp(12, n=4)
+    p = {"net": params, "scale": jnp.ones(4)}
+    f = lambda p, x: model(p["net"], x) * p["scale"]
+    with pytest.raises(mg.GeometryError, match=r"not in a dense layer.*\['scale'\] \(4,\)"):
+        mg.kfac(f, "categorical", p, batch=(X, None))
+
+
+def test_a_weight_used_twice_is_not_a_dense_layer():
+    W = jnp.eye(3)
+    f = lambda p, x: (x @ p["W"]) @ p["W"]
+    with pytest.raises(mg.GeometryError, match=r"\['W'\] \(3, 3\)"):
+        mg.kfac(f, "categorical", {"W": W}, batch=(jnp.ones((2, 3)), None))
+
+
+def test_a_three_axis_weight_is_not_a_dense_layer():
+    f = lambda p, x: jnp.einsum("ni,hij->nj", x, p["W"])
+    with pytest.raises(mg.GeometryError, match=r"not in a dense layer"):
+        mg.ekfac(f, "categorical", {"W": jnp.ones((2, 3, 4))}, batch=(jnp.ones((2, 3)), None))
+
+
+def test_vectors_and_params_of_other_shapes_raise():
+    params, model, X = mlp(13, n=4)
+    M = mg.kfac(model, "categorical", params, batch=(X, None))
+    bad = jax.tree_util.tree_map(jnp.ones_like, params)
+    bad[0]["W"] = jnp.ones((2, 2))
+    with pytest.raises(mg.GeometryError):
+        M.mv(params, bad)
+    with pytest.raises(mg.GeometryError, match="built for parameters"):
+        M.mv(bad, bad)
+    with pytest.raises(mg.GeometryError, match="built for parameters"):
+        M.with_damping(1.0).solve(bad, bad)
+
+
+def test_negative_damping_raises():
+    params, model, X = mlp(14, n=4)
+    M = mg.kfac(model, "categorical", params, batch=(X, None))
+    with pytest.raises(mg.GeometryError, match="damping"):
+        M.with_damping(-1.0)
+
+
+@pytest.mark.parametrize(
+    "kwargs, match",
+    [
+        ({"reduction": "max"}, "reduction"),
+        ({"mc_samples": 3}, "PRNG key"),
+        ({"mc_samples": 0, "key": jax.random.PRNGKey(0)}, "mc_samples"),
+    ],
+)
+def test_bad_options_raise(kwargs, match):
+    params, model, X = mlp(15, n=4)
+    with pytest.raises(mg.GeometryError, match=match):
+        mg.kfac(model, "categorical", params, batch=(X, None), **kwargs)
+
+
+def test_unknown_likelihood_and_outputs_without_classes_raise():
+    params, model, X = mlp(16, n=4)
+    with pytest.raises(mg.GeometryError, match="unknown likelihood"):
+        mg.kfac(model, "poisson", params, batch=(X, None))
+    with pytest.raises(mg.GeometryError, match=r"shape \(N, C\)"):
+        mg.kfac(lambda p, x: model(p, x)[:, 0], "gaussian", params, batch=(X, None))
+
+
+# ---------------------------------------------------------------------------
+# (f) under jit: works, compiles once per shape
+# ---------------------------------------------------------------------------
+def test_under_jit_equal_to_eager_and_compiled_once_per_shape():
+    params, model, X = mlp(17, n=6)
+    traces = [0]
+
+    def counted(p, x):
+        traces[0] += 1
+        return model(p, x)
+
+    @jax.jit
+    def step(p, x, v):
+        M = mg.kfac(counted, "categorical", p, batch=(x, None)).with_damping(0.1)
+        return M.solve(p, v), M.mv(p, v)
+
+    v = jax.tree_util.tree_map(jnp.ones_like, params)
+    (x, y), n1 = compiles_during(step, params, X, v)
+    eager = mg.kfac(model, "categorical", params, batch=(X, None)).with_damping(0.1)
+    for a, b in zip(jax.tree_util.tree_leaves((x, y)), jax.tree_util.tree_leaves((eager.solve(params, v), eager.mv(params, v)))):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-10, atol=1e-12)
+    seen = traces[0]
+    X2 = X + 1.0
+    _, n2 = compiles_during(step, params, X2, v)
+    assert n1 >= 1 and n2 == 0 and traces[0] == seen  # same shapes: no new trace, no compilation
+    _, n3 = compiles_during(step, params, jnp.concatenate([X, X2]), v)
+    assert n3 >= 1 and traces[0] > seen  # a new batch size compiles once more
+    _, n4 = compiles_during(step, params, jnp.concatenate([X2, X]), v)
+    assert n4 == 0
+
+
+def test_eager_construction_compiles_once_per_shape():
+    params, model, X = mlp(18, n=6)
+    v = jax.tree_util.tree_map(jnp.ones_like, params)
+
+    def build_and_solve(x):
+        M = mg.kfac(model, "categorical", params, batch=(x, None)).with_damping(0.1)
+        return M.solve(params, v)
+
+    build_and_solve(X)
+    _, n = compiles_during(build_and_solve, X + 1.0)  # new data, same shapes: no compilation
+    assert n == 0
+
+
+# ---------------------------------------------------------------------------
+# (g) EKFAC
+# ---------------------------------------------------------------------------
+def _sym_eigh(M):
+    return np.linalg.eigh(0.5 * (M + M.T))[1]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_ekfac_eigenvalues_are_the_exact_second_moments_in_the_kronecker_eigenbasis(dtype):
+    params, model, X = mlp(19, sizes=(3, 5, 4), n=9, dtype=dtype)
+    G = exact_ggn(model, params, X)
+    E = dense(mg.ekfac(model, "categorical", params, batch=(X, None)), params)
+    factors = mg.kronecker.kfac_factors(model, "categorical", params, batch=(X, None))
+    assert np.all(E[~block_mask(params)] == 0.0)
+    for layer, f in enumerate(factors):
+        i = layer_index(params, layer)
+        Q = np.kron(_sym_eigh(np.asarray(f.A, np.float64)), _sym_eigh(np.asarray(f.B, np.float64)))
+        in_basis = Q.T @ E[np.ix_(i, i)] @ Q
+        exact = np.diag(Q.T @ G[np.ix_(i, i)] @ Q)
+        s = np.abs(exact).max()
+        # float32: the eigenbasis itself is computed in float32 (rotations within near-equal eigenvalues)
+        t = tol(dtype) if dtype == jnp.float64 else 1e-4
+        np.testing.assert_allclose(np.diag(in_basis), exact, atol=t * s, rtol=0)
+        np.testing.assert_allclose(in_basis - np.diag(np.diag(in_basis)), 0, atol=t * s)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_ekfac_is_at_least_as_close_to_the_exact_ggn_as_kfac(seed):
+    params, model, X = mlp(seed + 100, sizes=(4, 6, 5, 3), n=12)
+    G = exact_ggn(model, params, X)
+    K = dense(mg.kfac(model, "categorical", params, batch=(X, None)), params)
+    E = dense(mg.ekfac(model, "categorical", params, batch=(X, None)), params)
+    eK, eE = np.linalg.norm(K - G), np.linalg.norm(E - G)
+    assert eE <= eK * (1 + 1e-12), (eE, eK)
+    assert eE < eK  # strictly, on these nets
+
+
+# ---------------------------------------------------------------------------
+# (d) curvlinops parity (torch)
+# ---------------------------------------------------------------------------
+def _torch_mlp(params, torch, dtype):
+    layers = []
+    for i, layer in enumerate(params):
+        m, k = layer["W"].shape
+        lin = torch.nn.Linear(m, k, bias="b" in layer, dtype=dtype)  # made in dtype: no float32 rounding
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(np.asarray(layer["W"]).T.copy()))
+            if "b" in layer:
+                lin.bias.copy_(torch.from_numpy(np.asarray(layer["b"]).copy()))
+        layers.append(lin)
+        if i < len(params) - 1:
+            layers.append(torch.nn.Tanh())
+    return torch.nn.Sequential(*layers)
+
+
+def _to_torch_order(params, tree):
+    """Our pytree -> curvlinops' list (weights transposed to (out, in), biases)."""
+    out = []
+    for layer, t in zip(params, tree):
+        out.append(np.asarray(t["W"], np.float64).T)
+        if "b" in layer:
+            out.append(np.asarray(t["b"], np.float64))
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("which", ["kfac", "ekfac"])
+def test_agrees_with_curvlinops_on_a_torch_mlp(which, dtype):
+    torch = pytest.importorskip("torch")
+    curvlinops = pytest.importorskip("curvlinops")
+    torch.manual_seed(0)
+    params, model, X = mlp(20, sizes=(6, 8, 7, 4), n=32, dtype=dtype, bias=(True, False, True))
+    y = np.zeros(32, np.int64)  # type-2 factors do not read the labels
+    tdtype = torch.float32 if dtype == jnp.float32 else torch.float64
+    net = _torch_mlp(params, torch, tdtype)
+    data = [(torch.from_numpy(np.array(X)), torch.from_numpy(y))]
+    loss = torch.nn.CrossEntropyLoss(reduction="mean")
+    cls = curvlinops.KFACLinearOperator if which == "kfac" else curvlinops.EKFACLinearOperator
+    op = cls(net, loss, list(net.parameters()), data, fisher_type="type-2", separate_weight_and_bias=False,
+             check_deterministic=False)
+    M = getattr(mg, which)(model, "categorical", params, batch=(X, None))
+    r = rng(21)
+    worst = 0.0
+    for _ in range(3):
+        v = jax.tree_util.tree_map(lambda a: jnp.asarray(r.normal(size=a.shape), dtype), params)
+        ours = np.concatenate([a.ravel() for a in _to_torch_order(params, M.mv(params, v))])
+        vt = [torch.from_numpy(a.astype(np.dtype(dtype))) for a in _to_torch_order(params, v)]
+        theirs = op @ torch.cat([t.ravel() for t in vt])
+        theirs = np.asarray(theirs.detach().numpy(), np.float64).ravel()
+        worst = max(worst, np.abs(ours - theirs).max() / np.abs(theirs).max())
+    print(f"{which} {np.dtype(dtype).name}: max relative difference to curvlinops {worst:.2e}")
+    assert worst < tol(dtype), worst
+
+
+# ---------------------------------------------------------------------------
+# (5) the Kronecker-factored Laplace posterior against the dense one of the same precision
+# ---------------------------------------------------------------------------
+def _laplace_pair(which, dtype, alpha=0.5):
+    params, model, X = mlp(30, sizes=(3, 5, 4), n=8, dtype=dtype, bias=(True, False))
+    M = getattr(mg, which)(model, "categorical", params, batch=(X, None))
+    nll = lambda p: jnp.sum(model(p, X) ** 2)  # not differentiated: the curvature is given
+    full = mg.laplace_posterior(nll, params, curvature=M, prior_precision=alpha)
+    kron = mg.laplace_posterior(nll, params, curvature=M, prior_precision=alpha, structure="kfac")
+    return params, full, kron
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("which", ["kfac", "ekfac"])
+def test_kronecker_laplace_matches_the_dense_posterior_of_the_kfac_matrix(which, dtype):
+    params, full, kron = _laplace_pair(which, dtype)
+    assert isinstance(kron, mg.densities.KroneckerLaplacePosterior) and int(kron.status) == 0
+    logdet = 2 * np.sum(np.log(np.diag(np.asarray(full.cholesky, np.float64))))
+    d = len(full.precision)
+    np.testing.assert_allclose(float(kron.log_det_precision()), logdet, rtol=0, atol=tol(dtype) * d)
+    C = np.asarray(full.covariance(), np.float64)
+    np.testing.assert_allclose(np.asarray(kron.covariance(), np.float64), C, atol=tol(dtype) * np.abs(C).max())
+    mv_full = np.asarray(jax.flatten_util.ravel_pytree(full.marginal_variance())[0], np.float64)
+    mv_kron = np.asarray(jax.flatten_util.ravel_pytree(kron.marginal_variance())[0], np.float64)
+    np.testing.assert_allclose(mv_kron, mv_full, atol=tol(dtype) * np.abs(mv_full).max())
+
+
+def test_kronecker_laplace_samples_have_the_dense_covariance():
+    params, full, kron = _laplace_pair("kfac", jnp.float64)
+    n = 40_000
+    draws = kron.sample(jax.random.PRNGKey(3), n)
+    flat = np.asarray(jax.vmap(lambda t: jax.flatten_util.ravel_pytree(t)[0])(draws))
+    mean = np.asarray(jax.flatten_util.ravel_pytree(params)[0])
+    steps = flat - mean
+    P = np.asarray(full.precision)
+    d = len(P)
+    # the Mahalanobis norms are chi-square with d degrees of freedom: mean d, standard error sqrt(2 d / n)
+    maha = np.einsum("ni,ij,nj->n", steps, P, steps)
+    assert abs(maha.mean() - d) < 5 * np.sqrt(2 * d / n)
+    C = np.asarray(full.covariance())
+    emp = steps.T @ steps / n
+    assert np.abs(emp - C).max() < 5 * np.sqrt(2.0 / n) * np.abs(np.diag(C)).max()
+    assert np.abs(steps.mean(0)).max() < 5 * np.sqrt(np.diag(C).max() / n)
+
+
+def test_kronecker_laplace_bad_inputs_raise():
+    params, model, X = mlp(31, n=6)
+    nll = lambda p: jnp.sum(model(p, X) ** 2)
+    with pytest.raises(mg.GeometryError, match="structure must be"):
+        mg.laplace_posterior(nll, params, structure="diagonal")
+    with pytest.raises(mg.GeometryError, match="needs curvature=mg.kfac"):
+        mg.laplace_posterior(nll, params, structure="kfac")
+    with pytest.raises(mg.GeometryError, match="mg.kfac or mg.ekfac"):
+        mg.laplace_posterior(nll, params, curvature=mg.fisher(model, batch=(X, None)), structure="kfac")
+    one = mlp(31, n=1)  # one example: singular factors, and no prior
+    K = mg.kfac(one[1], "categorical", one[0], batch=(one[2], None))
+    with pytest.raises(mg.GeometryError, match="NOT_POSITIVE_DEFINITE"):
+        mg.laplace_posterior(nll, one[0], curvature=K, structure="kfac")
+    post = jax.jit(lambda p: mg.laplace_posterior(nll, p, curvature=K, structure="kfac").status)(one[0])
+    assert int(post) == mg.Status.NOT_POSITIVE_DEFINITE
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("which", ["kfac", "ekfac", "fisher"])
+def test_diagonal_laplace_is_the_diagonal_of_the_curvature_plus_the_prior(which, dtype):
+    params, model, X = mlp(32, sizes=(3, 5, 4), n=8, dtype=dtype, bias=(True, False))
+    if which == "fisher":
+        M = mg.fisher(model, "categorical", batch=(X, None))  # no structure: read off the dense matrix
+    else:
+        M = getattr(mg, which)(model, "categorical", params, batch=(X, None))
+    nll = lambda p: jnp.sum(model(p, X) ** 2)
+    alpha = 0.25
+    post = mg.laplace_posterior(nll, params, curvature=M, prior_precision=alpha, structure="diag")
+    assert isinstance(post, mg.densities.DiagonalLaplacePosterior) and int(post.status) == 0
+    truth = np.diag(dense(M, params)) + alpha
+    got = np.asarray(jax.flatten_util.ravel_pytree(post.precision)[0], np.float64)
+    np.testing.assert_allclose(got, truth, atol=tol(dtype) * truth.max())
+    np.testing.assert_allclose(float(post.log_det_precision()), np.sum(np.log(truth)), atol=tol(dtype) * len(truth))
+    mv = np.asarray(jax.flatten_util.ravel_pytree(post.marginal_variance())[0], np.float64)
+    np.testing.assert_allclose(mv, 1 / truth, rtol=tol(dtype))
+    draws = post.sample(jax.random.PRNGKey(0), 4)
+    assert jax.tree_util.tree_leaves(draws)[0].shape[0] == 4
