@@ -13,7 +13,8 @@ from .. import models as mm
 from ..models.vit import multi_head_attention
 from ..sharpness import adaptive_sharpness, geodesic_sharpness
 from ..stats import kendall_tau, kendall_tau_ci
-from ._kit import CheckReport, _close, _Fail, _matches, _run, _key
+from . import _kit
+from ._kit import CheckReport, _close, _close_or_name, _Fail, _matches, _run, _key
 
 _ATTN = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
 
@@ -563,3 +564,81 @@ def check_kendall_tau_bootstrap(
         )
 
     return _run("kendall_tau_bootstrap", body, time_limit)
+
+
+def _expected_distinct_exact(n: int) -> float:
+    """E[#distinct of n draws with replacement from n], by counting: S(n, k) k! C(n, k) sequences have
+    exactly k distinct values (S the Stirling numbers of the second kind), exact in integers."""
+    from fractions import Fraction
+    from math import comb, factorial
+
+    S = [[0] * (n + 1) for _ in range(n + 1)]
+    S[0][0] = 1
+    for i in range(1, n + 1):
+        for k in range(1, i + 1):
+            S[i][k] = k * S[i - 1][k] + S[i - 1][k - 1]
+    total = sum(k * S[n][k] * factorial(k) * comb(n, k) for k in range(1, n + 1))
+    return float(Fraction(total, n**n))
+
+
+def check_bootstrap_distinct(
+    fn: Callable[[int], float],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
+    r"""Check ``fn(n)`` = the expected number of distinct models in one bootstrap resample of :math:`n` models.
+
+    A prediction the chapter does not print: a resample draws :math:`n` indices uniformly with
+    replacement from :math:`\{0,\dots,n-1\}`; the models drawn twice or more give the resample tied
+    pairs.  The check's truth counts the resamples with exactly :math:`k` distinct models (Stirling
+    numbers of the second kind, in exact integer arithmetic) for the chapter's 16 models and other
+    :math:`n` of its seed.
+
+    Parameters
+    ----------
+    fn : callable
+        The student's answer, called as ``fn(n)`` with an integer; it returns a number.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
+
+    Examples
+    --------
+    >>> from minigeo import assignments
+    >>> assignments.check_bootstrap_distinct(lambda n: n).passed
+    FAIL bootstrap_distinct: ...
+    False
+
+    References
+    ----------
+    Efron & Tibshirani (1993), *An Introduction to the Bootstrap*, Ch. 6. Assignment of chapter 7.
+    """
+
+    def body() -> str:
+        rng = np.random.default_rng(71 if _kit._GRADING_SEED is None else [71, _kit._GRADING_SEED])
+        ns = [16, 2, 5, *(int(k) for k in rng.integers(3, 40, size=3))]
+        for n in ns:
+            truth = _expected_distinct_exact(n)
+            got = fn(n)
+            mistakes = [
+                (float(n), "a resample has n draws, but not n distinct models: some are drawn twice or more."),
+                (n * (1.0 - np.exp(-1.0)), "n (1 - 1/e) is the limit for large n; at finite n the chance that a "
+                 "given model is never drawn is (1 - 1/n)^n."),
+                (n * (1.0 - 1.0 / n) ** n, "that is the expected number of models left out of the resample."),
+                (n / 2.0, "not half: the chance that a given model is drawn at least once is 1 - (1 - 1/n)^n."),
+            ]
+            _close_or_name(
+                got,
+                truth,
+                f"the expected number of distinct models for n = {n}",
+                "Sum over the models the probability that each is drawn at least once.",
+                mistakes,
+            )
+        return "the expected number of distinct models in a resample is right."
+
+    return _run("bootstrap_distinct", body, time_limit)
