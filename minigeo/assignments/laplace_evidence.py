@@ -344,8 +344,8 @@ def _lr_log_lik(t, X, y, sigma):  # log N(y | X t, sigma^2 I)
     return -0.5 * jnp.sum(r**2) / sigma**2 - y.size * jnp.log(sigma) - 0.5 * y.size * LOG_2PI
 
 
-def _lr_log_prior(t, alpha):  # log N(t | 0, alpha^{-1} I)
-    return -0.5 * alpha * jnp.sum(t**2) + 0.5 * t.size * jnp.log(alpha) - 0.5 * t.size * LOG_2PI
+def _lr_log_prior(t, tau):  # log N(t | 0, tau^{-1} I)
+    return -0.5 * tau * jnp.sum(t**2) + 0.5 * t.size * jnp.log(tau) - 0.5 * t.size * LOG_2PI
 
 
 def _logistic_log_lik(t, X, y):
@@ -358,9 +358,9 @@ def _logistic_log_prior(t):  # log N(t | 0, I)
 
 
 @jax.jit
-def _lr_reference(X, y, sigma, alpha, t):
+def _lr_reference(X, y, sigma, tau, t):
     """minigeo's Laplace log evidence of a Bayesian linear regression."""
-    nlj = lambda x: -_lr_log_lik(x, X, y, sigma) - _lr_log_prior(x, alpha)
+    nlj = lambda x: -_lr_log_lik(x, X, y, sigma) - _lr_log_prior(x, tau)
     return laplace_log_marginal_likelihood(nlj, t).log_z
 
 
@@ -374,12 +374,12 @@ def _logistic_reference(X, y, t):
 def _linear_regression(draws: _Draws, d: int = 3, n: int = 20):
     """A Bayesian linear regression with a random design: its MAP and its exact log evidence (numpy)."""
     X = draws.normal(n, d)
-    sigma, alpha = float(draws.uniform(0.3, 1.0, 1)[0]), float(draws.uniform(0.5, 2.0, 1)[0])
+    sigma, tau = float(draws.uniform(0.3, 1.0, 1)[0]), float(draws.uniform(0.5, 2.0, 1)[0])
     y = X @ draws.normal(d) + sigma * draws.normal(n)
-    theta_star = np.linalg.solve(X.T @ X / sigma**2 + alpha * np.eye(d), X.T @ y / sigma**2)
-    C = sigma**2 * np.eye(n) + X @ X.T / alpha  # the marginal y ~ N(0, sigma^2 I + X X^T / alpha)
+    theta_star = np.linalg.solve(X.T @ X / sigma**2 + tau * np.eye(d), X.T @ y / sigma**2)
+    C = sigma**2 * np.eye(n) + X @ X.T / tau  # the marginal y ~ N(0, sigma^2 I + X X^T / tau)
     exact = -0.5 * y @ np.linalg.solve(C, y) - 0.5 * np.linalg.slogdet(2.0 * np.pi * C)[1]
-    return jnp.asarray(X), jnp.asarray(y), sigma, alpha, jnp.asarray(theta_star), exact
+    return jnp.asarray(X), jnp.asarray(y), sigma, tau, jnp.asarray(theta_star), exact
 
 
 def _logistic_regression(draws: _Draws, d: int = 3, n: int = 20):
@@ -397,10 +397,10 @@ def _laplace_cases(draws: _Draws):
     """(name, log_lik, log_prior, theta_star, exact log Z or None, minigeo's Laplace log Z)."""
     cases = []
     for i in range(3):
-        X, y, sigma, alpha, t, exact = _linear_regression(draws)
+        X, y, sigma, tau, t, exact = _linear_regression(draws)
         log_lik = lambda x, X=X, y=y, sigma=sigma: _lr_log_lik(x, X, y, sigma)
-        log_prior = lambda x, alpha=alpha: _lr_log_prior(x, alpha)
-        reference = _lr_reference(X, y, sigma, alpha, t)
+        log_prior = lambda x, tau=tau: _lr_log_prior(x, tau)
+        reference = _lr_reference(X, y, sigma, tau, t)
         cases.append((f"linear regression {i + 1}", log_lik, log_prior, t, exact, reference))
     X, y, t = _logistic_regression(draws)
     log_lik = lambda x: _logistic_log_lik(x, X, y)
@@ -423,7 +423,7 @@ def check_laplace_log_evidence(
 
     On Bayesian linear regressions with random designs (three weights) the Laplace approximation is
     exact, so the answer must equal the closed-form evidence :math:`\log\mathcal N(y\mid 0, \sigma^2 I +
-    XX^\top/\alpha)`; on a logistic regression it must equal :func:`minigeo.laplace_log_marginal_likelihood`.
+    XX^\top/\tau)`; on a logistic regression it must equal :func:`minigeo.laplace_log_marginal_likelihood`.
 
     Parameters
     ----------
