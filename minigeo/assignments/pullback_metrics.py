@@ -534,7 +534,7 @@ def check_natural_gradient_regression(
 
     .. math::
         \begin{aligned}
-        \theta^+ &= \theta - \alpha\,(\mathbf{G} + \lambda\mathbf{I})^{-1}\nabla\mathcal{J}(\theta), \\
+        \theta^+ &= \theta - \alpha\,(\mathbf{G} + \epsilon\mathbf{I})^{-1}\nabla\mathcal{J}(\theta), \\
         \mathbf{G} &= \mathbf{J}^\top\mathbf{H}_z\mathbf{J},\quad \mathcal{J}(\theta) = \mathcal{L}(f(\theta)),
         \end{aligned}
 
