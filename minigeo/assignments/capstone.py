@@ -616,7 +616,8 @@ def check_bootstrap_distinct(
 
     References
     ----------
-    Efron & Tibshirani (1993), *An Introduction to the Bootstrap*, Ch. 6. Assignment of chapter 7.
+    Efron & Tibshirani (1993), *An Introduction to the Bootstrap* (resampling with replacement).
+    Assignment of chapter 7.
     """
 
     def body() -> str:

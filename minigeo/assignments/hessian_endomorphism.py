@@ -247,7 +247,7 @@ def check_christoffel_derivation(
 
     References
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 4 (Christoffel symbols of the Levi-Civita connection).
+    Kristiadi, Dangel & Hennig (2023) (Christoffel symbols of the Levi-Civita connection).
     Assignment of chapter 4.
     """
 

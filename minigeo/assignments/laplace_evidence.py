@@ -759,7 +759,8 @@ def check_chart_map(
 
     References
     ----------
-    Kristiadi, Dangel & Hennig (2023), Sec. 3.2 (the MAP estimate is not invariant). Assignment of chapter 5.
+    Kristiadi, Dangel & Hennig (2023), eq. 10 (the change of variables; the MAP estimate is not
+    invariant). Assignment of chapter 5.
     """
 
     def body() -> str:

@@ -499,7 +499,7 @@ def check_gram_rank(
     References
     ----------
     van Oostrum, Müller & Ay (2023), *Invariance properties of the natural gradient in
-    overparametrised systems*, Sec. 2 (proper points, rank of the Gram matrix). Assignment of chapter 3.
+    overparametrised systems* (singular Gram matrices, proper points). Assignment of chapter 3.
     """
 
     def body() -> str:

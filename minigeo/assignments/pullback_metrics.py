@@ -707,8 +707,8 @@ def check_fisher_rank(
 
     References
     ----------
-    Kunstner, Balles & Hennig (2019), *Limitations of the empirical Fisher approximation*, Sec. 3;
-    Martens (2020), Sec. 9. Assignment of chapter 2.
+    Kunstner, Balles & Hennig (2019), *Limitations of the empirical Fisher approximation for natural
+    gradient descent* (the Fisher against the empirical Fisher). Assignment of chapter 2.
     """
 
     def body() -> str:

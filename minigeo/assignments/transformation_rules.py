@@ -215,8 +215,8 @@ def check_chart_gradient_step(
 
     References
     ----------
-    Kristiadi et al. (2023), *The geometry of neural nets' parameter spaces under reparametrization*,
-    Sec. 3 (gradient descent is not invariant). Assignment of chapter 1.
+    Kristiadi, Dangel & Hennig (2023), *The geometry of neural nets' parameter spaces under
+    reparametrization* (gradient descent is not invariant). Assignment of chapter 1.
     """
 
     def inverse(nu, psi):  # theta = (1 + nu psi)^(1/nu), one coordinate
