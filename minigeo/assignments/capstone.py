@@ -616,8 +616,8 @@ def check_bootstrap_distinct(
 
     References
     ----------
-    Efron & Tibshirani (1993), *An Introduction to the Bootstrap* (resampling with replacement).
-    Assignment of chapter 7.
+    No formula from the source papers (a count about chapter 7's bootstrap over models; Efron &
+    Tibshirani 1993 for the bootstrap). Assignment of chapter 7.
     """
 
     def body() -> str:

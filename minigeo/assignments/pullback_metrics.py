@@ -707,8 +707,9 @@ def check_fisher_rank(
 
     References
     ----------
-    Kunstner, Balles & Hennig (2019), *Limitations of the empirical Fisher approximation for natural
-    gradient descent* (the Fisher against the empirical Fisher). Assignment of chapter 2.
+    No formula from the source papers (a count derived from chapter 2's Fisher of a softmax
+    classifier); Kunstner, Balles & Hennig (2019) compare the Fisher with the empirical Fisher.
+    Assignment of chapter 2.
     """
 
     def body() -> str:
