@@ -16,7 +16,7 @@ one-line reason and the grader goes on with the next one.
 
 **How a score is made.**  Nothing the notebook prints counts.  The notebook runs in a sandbox
 process (``minigeo.assignments._sandbox``): first the library functions that answer one of the
-assignment's tasks in one call (``BLOCKED`` below, e.g. ``mg.horizontal_projection`` for assignment 6)
+assignment's tasks in one call (``BLOCKED`` below, e.g. ``mg.quotient.horizontal_projection`` for assignment 6)
 are replaced, everywhere in minigeo, by functions that raise, and every ``assignments.check_*`` by a
 stub that checks nothing; then its code cells run in order.  The grader then runs each task's check
 in its own process, on instances drawn from a fresh secret seed, with a stand-in for the student's
@@ -272,9 +272,9 @@ BLOCKED = {
         "ggn",
         "fisher",
         "empirical_fisher",
-        "ggn_operator",
-        "fisher_operator",
-        "empirical_fisher_operator",
+        "operators.ggn_operator",
+        "operators.fisher_operator",
+        "operators.empirical_fisher_operator",
         "natural_gradient",
     ],
     "assignment_03_natural_gradient": ["natural_parameter_gradient", "span_projection"],
@@ -282,6 +282,7 @@ BLOCKED = {
         "hessian_endomorphism",
         "endomorphism_trace",
         "riemannian_hessian",
+        "christoffel_symbols",
     ],
     "assignment_05_laplace_evidence": [
         "transform_log_density",
@@ -290,12 +291,12 @@ BLOCKED = {
         "laplace_posterior",
     ],
     "assignment_06_horizontal_projection": [
-        "horizontal_projection",
-        "gl_metric",
-        "vertical_vector",
-        "gl1_horizontal_projection",
+        "quotient.horizontal_projection",
+        "quotient.gl_metric",
+        "quotient.vertical_vector",
+        "quotient.gl1_horizontal_projection",
     ],
-    "assignment_07_capstone": ["kendall_tau", "kendall_tau_ci", "kendall_tau_difference_ci"],
+    "assignment_07_capstone": ["stats.kendall_tau", "stats.kendall_tau_ci", "stats.kendall_tau_difference_ci"],
 }
 
 # The sandbox's first process.  Stage "outer" (inside ``unshare --user --map-root-user --mount --net

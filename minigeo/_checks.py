@@ -163,7 +163,7 @@ def check_spd(matrix: Any, what: str = "the metric", rtol: float = 1e-6) -> None
 
     Symmetry is checked to relative tolerance ``rtol``; positive definiteness by
     the smallest eigenvalue, relative to the largest.  The message gives the
-    smallest eigenvalue and suggests damping ``G + λI``.
+    smallest eigenvalue and suggests damping ``G + εI``.
     """
     if not is_concrete(matrix):
         return
@@ -186,7 +186,7 @@ def check_spd(matrix: Any, what: str = "the metric", rtol: float = 1e-6) -> None
         state = "singular" if abs(lam_min) <= threshold else "indefinite"
         raise GeometryError(
             f"{what} is not positive definite: it is {state} (smallest eigenvalue {lam_min:.3g}, "
-            f"largest {lam_max:.3g}). Add damping, G + λI with λ > 0 (for example "
+            f"largest {lam_max:.3g}). Add damping, G + εI with ε > 0 (for example "
             f"damping={1e-3 * max(abs(lam_max), 1.0):.3g}), or use a pseudo-inverse where a "
             "singular metric is intended."
         )

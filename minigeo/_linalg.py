@@ -9,8 +9,8 @@ stochastic Lanczos quadrature.)
 Both refuse singular or indefinite systems with a message that suggests
 damping, instead of returning garbage.
 
-Damping: everywhere in minigeo, ``damping`` :math:`\\lambda` means the operator
-:math:`A + \\lambda I` (added to the operator it is given).  It may be a Python
+Damping: everywhere in minigeo, ``damping`` :math:`\\epsilon` means the operator
+:math:`A + \\epsilon I` (added to the operator it is given).  It may be a Python
 number, a NumPy scalar, a 0-d JAX array or a traced value; negative or NaN values
 raise :class:`GeometryError` when the value is concrete (the check is skipped
 under ``jit``).

@@ -50,7 +50,7 @@ MvFn = Callable[[PyTree, PyTree], PyTree]
 class Metric:
     r"""A metric field :math:`\theta \mapsto G(\theta)` given by matrix-vector products.
 
-    .. math:: v \mapsto (G(\theta) + \lambda I)\,v,\qquad \langle u, v\rangle_{G(\theta)} = u^\top G(\theta)\,v.
+    .. math:: v \mapsto (G(\theta) + \epsilon I)\,v,\qquad \langle u, v\rangle_{G(\theta)} = u^\top G(\theta)\,v.
 
     Parameters
     ----------
@@ -59,7 +59,7 @@ class Metric:
     name : str, optional
         Shown in error messages.
     damping : float or array, optional
-        :math:`\lambda \ge 0`; :meth:`mv` returns :math:`(G + \lambda I) v`, with :math:`G` the
+        :math:`\epsilon \ge 0`; :meth:`mv` returns :math:`(G + \epsilon I) v`, with :math:`G` the
         operator of ``mv_fn``.  A Python number, NumPy scalar, 0-d JAX array or a traced
         value; negative or NaN values raise :class:`GeometryError` (when concrete).
     compiled : bool, optional
@@ -69,11 +69,11 @@ class Metric:
     diagonal_fn : callable, optional
         A structure tag (as lineax's): ``params -> w``, the positive diagonal of :math:`G(\theta)`
         as a pytree like the parameters, when the metric is diagonal (:func:`diagonal`,
-        :func:`euclidean`).  Solves with :math:`G + \lambda I` are then exact and elementwise,
-        :math:`v / (w + \lambda)`, instead of conjugate gradients.
+        :func:`euclidean`).  Solves with :math:`G + \epsilon I` are then exact and elementwise,
+        :math:`v / (w + \epsilon)`, instead of conjugate gradients.
     solve_fn : callable, optional
         A structure tag: ``(params, rhs, damping) -> (x, status)`` with :math:`x = (G(\theta) +
-        \lambda I)^{-1}\,\mathrm{rhs}` exactly, for a metric with a factored inverse (the
+        \epsilon I)^{-1}\,\mathrm{rhs}` exactly, for a metric with a factored inverse (the
         Kronecker-factored metrics of :mod:`minigeo.kronecker`), and a :class:`~minigeo.Status` code
         (``x`` NaN unless it is 0).  :meth:`solve` then uses it instead of conjugate gradients.
 
@@ -84,11 +84,11 @@ class Metric:
 
     Notes
     -----
-    **One meaning of damping** throughout minigeo: damping :math:`\lambda` is always *added*,
-    the operator :math:`G + \lambda I`.  :meth:`with_damping` sets the metric's own damping
+    **One meaning of damping** throughout minigeo: damping :math:`\epsilon` is always *added*,
+    the operator :math:`G + \epsilon I`.  :meth:`with_damping` sets the metric's own damping
     (``G.with_damping(a).with_damping(b)`` has damping ``b``, not ``a + b``), and
     :func:`~minigeo.natural_gradient` ``(metric, ..., damping=c)`` solves with
-    ``metric.mv + c I``, i.e. :math:`G + (\lambda + c) I`; so for an undamped ``G``,
+    ``metric.mv + c I``, i.e. :math:`G + (\epsilon + c) I`; so for an undamped ``G``,
     ``natural_gradient(G, p, g, damping=c)`` equals ``G.with_damping(c).solve(p, g)``.
 
     **A pytree.**  ``damping`` is a leaf and ``mv_fn``, ``name``, ``compiled`` are static, so a
@@ -138,7 +138,7 @@ class Metric:
     def mv(self, params: PyTree, v: PyTree) -> PyTree:
         r"""The damped matrix-vector product at ``params``.
 
-        .. math:: v \mapsto (G(\theta) + \lambda I)\,v.
+        .. math:: v \mapsto (G(\theta) + \epsilon I)\,v.
 
         Parameters
         ----------
@@ -150,7 +150,7 @@ class Metric:
         Returns
         -------
         pytree
-            :math:`(G + \lambda I)v`, shaped like ``params``.
+            :math:`(G + \epsilon I)v`, shaped like ``params``.
 
         Raises
         ------
@@ -181,7 +181,7 @@ class Metric:
     def at(self, params: PyTree) -> Callable[[PyTree], PyTree]:
         r"""The linear map at a fixed point (what the rules of :mod:`minigeo.coords` apply).
 
-        .. math:: v \mapsto (G(\theta) + \lambda I)\,v \quad\text{at fixed }\theta.
+        .. math:: v \mapsto (G(\theta) + \epsilon I)\,v \quad\text{at fixed }\theta.
 
         Parameters
         ----------
@@ -209,7 +209,7 @@ class Metric:
     def inner(self, params: PyTree, u: PyTree, v: PyTree) -> jax.Array:
         r"""The inner product of two tangent vectors at ``params``.
 
-        .. math:: \langle u, v\rangle_{G(\theta)} = u^\top (G(\theta) + \lambda I)\,v.
+        .. math:: \langle u, v\rangle_{G(\theta)} = u^\top (G(\theta) + \epsilon I)\,v.
 
         Parameters
         ----------
@@ -244,16 +244,16 @@ class Metric:
         return tree_vdot(u, self.mv(params, v))
 
     def with_damping(self, damping: Any) -> "Metric":
-        r"""The same metric with damping :math:`\lambda`.
+        r"""The same metric with damping :math:`\epsilon`.
 
-        .. math:: G(\theta) \mapsto G(\theta) + \lambda I.
+        .. math:: G(\theta) \mapsto G(\theta) + \epsilon I.
 
         Replaces any previous ``with_damping`` value (it does not accumulate).
 
         Parameters
         ----------
         damping : float or array
-            :math:`\lambda \ge 0`: a Python number, NumPy scalar, 0-d array or a traced value.
+            :math:`\epsilon \ge 0`: a Python number, NumPy scalar, 0-d array or a traced value.
 
         Returns
         -------
@@ -282,7 +282,7 @@ class Metric:
     def dense(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
         r"""The dense ``d x d`` matrix over the flattened parameters (``ravel_pytree`` order).
 
-        .. math:: [G(\theta) + \lambda I]_{:, i} = (G(\theta) + \lambda I)\,e_i,\qquad i = 1, \dots, d.
+        .. math:: [G(\theta) + \epsilon I]_{:, i} = (G(\theta) + \epsilon I)\,e_i,\qquad i = 1, \dots, d.
 
         Built from ``d`` matrix-vector products vectorised with ``vmap``, traced afresh at
         every call, so a function that reads changing state gives the current matrix; the
@@ -341,7 +341,7 @@ class Metric:
     ) -> PyTree | tuple[PyTree, SolveInfo]:
         r"""Solve with the damped metric: conjugate gradients (``"cg"``) or Cholesky (``"dense"``).
 
-        .. math:: x = (G(\theta) + \lambda I)^{-1}\,\mathrm{rhs}.
+        .. math:: x = (G(\theta) + \epsilon I)^{-1}\,\mathrm{rhs}.
 
         ``rhs = 0`` gives 0.
 
@@ -358,7 +358,7 @@ class Metric:
             else ``"cg"``.
         tol : float, optional
             CG relative tolerance, in ``(0, 1)``: ``converged`` means the true relative residual
-            :math:`\lVert \mathrm{rhs} - (G + \lambda I)x\rVert / \lVert \mathrm{rhs}\rVert \le` ``tol``
+            :math:`\lVert \mathrm{rhs} - (G + \epsilon I)x\rVert / \lVert \mathrm{rhs}\rVert \le` ``tol``
             (raised to at least the dtype's ``eps``).  Scale-free: ``x`` scales linearly with ``rhs``
             down to the smallest normal float.
         maxiter : int, optional
@@ -430,7 +430,7 @@ class Metric:
     def check_positive_definite(self, params: PyTree, *, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> None:
         r"""Raise unless the dense (damped) metric is symmetric positive definite.
 
-        .. math:: G(\theta) + \lambda I = (G(\theta) + \lambda I)^\top \succ 0.
+        .. math:: G(\theta) + \epsilon I = (G(\theta) + \epsilon I)^\top \succ 0.
 
         Parameters
         ----------

@@ -651,10 +651,10 @@ def transform_metric_field(phi: Reparametrization, metric: Metric | jax.Array | 
     -------
     :class:`~minigeo.Metric`
         The field on ψ-coordinates.  For a dense metric (:func:`~minigeo.metrics.dense`, a matrix,
-        ``None``) a dense metric whose matrix is :math:`J^{-\top}(G(\theta) + \lambda I)J^{-1}`,
+        ``None``) a dense metric whose matrix is :math:`J^{-\top}(G(\theta) + \epsilon I)J^{-1}`,
         with :math:`J^{-1}` by forward-mode autodiff of :math:`\varphi^{-1}`; otherwise matrix-free,
-        ``mv(psi, u)`` :math:`= J^{-\top}(G(\theta) + \lambda I)J^{-1}u` by one ``jvp`` and one
-        ``vjp`` through :math:`\varphi^{-1}`.  The damping :math:`\lambda I` of ``metric`` is
+        ``mv(psi, u)`` :math:`= J^{-\top}(G(\theta) + \epsilon I)J^{-1}u` by one ``jvp`` and one
+        ``vjp`` through :math:`\varphi^{-1}`.  The damping :math:`\epsilon I` of ``metric`` is
         transformed with it; the new metric's own damping is 0.
 
     Raises
@@ -697,7 +697,7 @@ def transform_metric_field(phi: Reparametrization, metric: Metric | jax.Array | 
 
 
 def _transformed_metric(phi: Reparametrization, metric: Metric) -> Metric:
-    """The :class:`Metric` on ψ-coordinates: ``u -> J^{-T} (G + λI) J^{-1} u`` at θ = φ⁻¹(ψ), matrix-free."""
+    """The :class:`Metric` on ψ-coordinates: ``u -> J^{-T} (G + εI) J^{-1} u`` at θ = φ⁻¹(ψ), matrix-free."""
 
     def mv(psi: PyTree, u: PyTree) -> PyTree:
         theta, jinv_u = jax.jvp(phi._inverse, (psi,), (u,))
@@ -945,9 +945,9 @@ def sharp(
     return_info: bool = False,
     at: PyTree | None = None,
 ) -> PyTree:
-    r"""Raise an index, :math:`\omega^\sharp = (G + \lambda I)^{-1}\omega`: the vector dual to a covector.
+    r"""Raise an index, :math:`\omega^\sharp = (G + \epsilon I)^{-1}\omega`: the vector dual to a covector.
 
-    .. math:: \omega^\sharp = (G + \lambda I)^{-1}\omega,\qquad \operatorname{grad} L = G^{-1}\nabla L.
+    .. math:: \omega^\sharp = (G + \epsilon I)^{-1}\omega,\qquad \operatorname{grad} L = G^{-1}\nabla L.
 
     Applied to the differential :math:`\nabla L` this gives the Riemannian
     gradient :math:`G^{-1}\nabla L`.
@@ -966,7 +966,7 @@ def sharp(
     omega : array or pytree
         The covector (a list of numbers is converted to an array).
     damping : float or jax.Array, optional
-        :math:`\lambda \ge 0` added to the diagonal (the operator :math:`G + \lambda I`); use it
+        :math:`\epsilon \ge 0` added to the diagonal (the operator :math:`G + \epsilon I`); use it
         for singular metrics.  A number, NumPy scalar, 0-d array or traced value.
     tol : float, optional
         Conjugate-gradient relative tolerance, in ``(0, 1)`` (matrix-free only; validated always).

@@ -17,8 +17,8 @@ block-diagonal across layers (Martens & Grosse 2015).  The flattening is minigeo
 ``V = [v_W; v_b]`` of shape ``(in + 1, out)``.  Solves use the eigendecompositions
 :math:`A = Q_A \Lambda_A Q_A^\top`, :math:`B = Q_B \Lambda_B Q_B^\top`:
 
-.. math:: (A\otimes B + \lambda I)^{-1}\mathrm{vec}(V) = \mathrm{vec}\Big(Q_A\big[(Q_A^\top V Q_B)
-    \oslash (\lambda_A \lambda_B^\top + \lambda)\big] Q_B^\top\Big),
+.. math:: (A\otimes B + \epsilon I)^{-1}\mathrm{vec}(V) = \mathrm{vec}\Big(Q_A\big[(Q_A^\top V Q_B)
+    \oslash (\lambda_A \lambda_B^\top + \epsilon)\big] Q_B^\top\Big),
 
 never a :math:`d\times d` matrix.  EKFAC (George et al. 2018) keeps the eigenbasis
 :math:`Q_A \otimes Q_B` and replaces the eigenvalues :math:`\lambda_{A,i}\lambda_{B,j}` by the exact
@@ -606,7 +606,7 @@ def kfac(
     -------
     :class:`~minigeo.Metric`
         Named ``"KFAC (<likelihood>)"``; its damping is added as for every metric
-        (``.with_damping(lam)``: :math:`A\otimes B + \lambda I`, not the factored damping of the paper).
+        (``.with_damping(eps)``: :math:`A\otimes B + \epsilon I`, not the factored damping of the paper).
 
     Raises
     ------

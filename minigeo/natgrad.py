@@ -13,7 +13,7 @@ onto :math:`\mathrm{span}\{\partial_i\}` (:func:`span_projection`), hence the na
 gradient on the model wherever the parametrization is proper.
 
 For network-sized parameter pytrees, :func:`natural_gradient` solves
-:math:`(G + \lambda I)\,x = \nabla L` matrix-free by conjugate gradients, and
+:math:`(G + \epsilon I)\,x = \nabla L` matrix-free by conjugate gradients, and
 :func:`precondition_by_metric` wraps it as an optax gradient transformation.
 """
 
@@ -283,7 +283,7 @@ def natural_gradient(
 ) -> PyTree | tuple[PyTree, SolveInfo]:
     r"""The (damped) natural gradient for a :class:`~minigeo.Metric`.
 
-    .. math:: \tilde\nabla L = (G(\theta) + \lambda I)^{-1}\nabla L(\theta).
+    .. math:: \tilde\nabla L = (G(\theta) + \epsilon I)^{-1}\nabla L(\theta).
 
     Parameters
     ----------
@@ -292,20 +292,20 @@ def natural_gradient(
     params, grad : pytree
         The point and the gradient (pytrees of the same structure).
     damping : float or array, optional
-        :math:`\lambda \ge 0`, **added** to the metric's own operator: the solve uses
-        ``metric.mv + λ I``, i.e. :math:`G + (\mu + \lambda) I` for a metric made with
-        ``with_damping(μ)``.  So for an undamped ``G``, ``natural_gradient(G, p, g, damping=λ)``
-        equals ``G.with_damping(λ).solve(p, g)``.  A Python number, NumPy scalar, 0-d
+        :math:`\epsilon \ge 0`, **added** to the metric's own operator: the solve uses
+        ``metric.mv + ε I``, i.e. :math:`G + (\mu + \epsilon) I` for a metric made with
+        ``with_damping(μ)``.  So for an undamped ``G``, ``natural_gradient(G, p, g, damping=ε)``
+        equals ``G.with_damping(ε).solve(p, g)``.  A Python number, NumPy scalar, 0-d
         array or a traced value (e.g. a ``jit`` argument); negative or NaN values raise
         :class:`~minigeo.GeometryError` when concrete.
     solver : {"cg", "dense", "pinv"}, optional
         ``"cg"``: matrix-free conjugate gradients, for network-sized pytrees;
         ``"dense"``: Cholesky on the dense matrix; ``"pinv"``: the Moore-Penrose
-        natural parameter gradient :math:`(G + \lambda I)^+\nabla L` (dense, for
+        natural parameter gradient :math:`(G + \epsilon I)^+\nabla L` (dense, for
         singular metrics without damping).
     tol : float, optional
         CG relative tolerance, in ``(0, 1)``: ``converged`` means the true relative residual
-        :math:`\lVert\nabla L - (G + \lambda I)x\rVert / \lVert\nabla L\rVert \le` ``tol`` (raised to
+        :math:`\lVert\nabla L - (G + \epsilon I)x\rVert / \lVert\nabla L\rVert \le` ``tol`` (raised to
         at least the dtype's ``eps``).  Scale-free: the direction scales linearly with ``grad``
         down to the smallest normal float (a float32 gradient of norm ``1e-30`` included).
     maxiter : int, optional
@@ -407,7 +407,7 @@ def precondition_by_metric(
 ) -> Any:
     r"""An optax gradient transformation that preconditions updates by the (damped) metric.
 
-    .. math:: g \mapsto (G(\theta) + \lambda I)^{-1} g.
+    .. math:: g \mapsto (G(\theta) + \epsilon I)^{-1} g.
 
     Chain it with a learning rate to get natural-gradient descent:
     ``optax.chain(mg.precondition_by_metric(G, 1e-3), optax.sgd(0.1))``.
@@ -422,7 +422,7 @@ def precondition_by_metric(
     metric : :class:`~minigeo.Metric`
         The metric :math:`G`.
     damping : float or array, optional
-        :math:`\lambda \ge 0`, added to the metric's own damping.
+        :math:`\epsilon \ge 0`, added to the metric's own damping.
     solver : {"cg", "dense", "pinv"}, optional
         As in :func:`~minigeo.natural_gradient`.
     tol : float, optional

@@ -958,9 +958,9 @@ class CurvatureOperator:
         max_batches: int | None = None,
         return_info: bool = False,
     ) -> tuple[jax.Array, jax.Array]:
-        r"""Stochastic Lanczos quadrature of :math:`\log\det(M + \lambda I)` over the dataset.
+        r"""Stochastic Lanczos quadrature of :math:`\log\det(M + \epsilon I)` over the dataset.
 
-        .. math:: \log\det(M + \lambda I) = \mathbb E_z\big[z^\top\log(M + \lambda I)\,z\big].
+        .. math:: \log\det(M + \epsilon I) = \mathbb E_z\big[z^\top\log(M + \epsilon I)\,z\big].
 
         The estimator of :func:`~minigeo.densities.logdet_slq` (the same Rademacher probes and restart
         vectors for the same key, so on one batch both agree to rounding), with the
@@ -973,7 +973,7 @@ class CurvatureOperator:
         batches : iterable or callable
             Must allow several passes (see :meth:`top_eigenvalues`).
         damping : float, optional
-            :math:`\lambda \ge 0`, e.g. the prior precision of the Laplace evidence.
+            :math:`\epsilon \ge 0`, e.g. the prior precision of the Laplace evidence.
         num_probes : int, optional
             Number of Rademacher probes.
         num_iterations : int, optional

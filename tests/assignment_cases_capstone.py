@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 import minigeo as mg
 import minigeo.models as mm
@@ -208,6 +209,16 @@ CASES = {
             (_bootstrap_permutations, "with replacement"),
             (_bootstrap_fixed_level, "the argument `confidence`"),
             (_bootstrap_random_key, "same key"),
+        ],
+    ),
+    # issue 54: predict, then compute
+    "check_bootstrap_distinct": (
+        lambda n: n * (1 - (1 - 1 / n) ** n),
+        [
+            (lambda n: n, "not n distinct models"),  # "a resample of the n models" read literally
+            (lambda n: n * (1 - np.exp(-1.0)), "limit for large n"),
+            (lambda n: n * (1 - 1 / n) ** n, "left out of the resample"),
+            (lambda n: n / 2, "not half"),
         ],
     ),
 }

@@ -188,4 +188,14 @@ CASES = {
             (_evidence_minus_metric_logdet, "Wrong sign on the metric"),
         ],
     ),
+    # issue 54: predict the mode in a Box-Cox chart (the chapter prints only the log chart's, a/b)
+    "check_chart_map": (
+        lambda a, b, nu: (a - nu) / b,
+        [
+            (lambda a, b, nu: (a - 1) / b, "the MAP moves with the chart"),
+            (lambda a, b, nu: a / b, "mode in the log chart"),  # the chapter's example transcribed
+            (lambda a, b, nu: (a + nu - 2) / b, "Jacobian factor is inverted"),
+            (lambda a, b, nu: (((a - nu) / b) ** nu - 1) / nu, "psi-coordinate"),
+        ],
+    ),
 }

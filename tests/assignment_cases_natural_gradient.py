@@ -130,4 +130,13 @@ CASES = {
             ),
         ],
     ),
+    # issue 54: a count the chapter does not print
+    "check_gram_rank": (
+        lambda m, n, k: k * (m + n) - k * k,
+        [
+            (lambda m, n, k: k * (m + n), "number of parameters d"),  # G taken as invertible
+            (lambda m, n, k: m * n, "full row rank"),  # transcribed from task 3.1's assumption
+            (lambda m, n, k: k * (m + n) - k, "rescaling each column"),
+        ],
+    ),
 }

@@ -174,4 +174,14 @@ CASES = {
             (_ascent_step, "wrong sign"),
         ],
     ),
+    # issue 54: predict, then compute (the rank is not printed in chapter 2)
+    "check_fisher_rank": (
+        lambda N, D, C: (C - 1) * min(N, D),
+        [
+            (lambda N, D, C: min(N, C * D), "bound of the empirical Fisher"),  # transcribed from task 2.3
+            (lambda N, D, C: C * min(N, D), "rank C - 1, not C"),  # the softmax's shift invariance forgotten
+            (lambda N, D, C: C * D, "only an upper bound"),
+            (lambda N, D, C: (C - 1) * N, "span at most D dimensions"),
+        ],
+    ),
 }

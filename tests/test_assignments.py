@@ -57,6 +57,16 @@ def _euclidean_projection(G, H, xi):
     return xi[0] + G @ X.T, xi[1] - H @ X
 
 
+def _christoffel_exponential_metric(C, theta, sign=-1.0):
+    # G = diag(g), g_k = exp(2 (C theta)_k): Gamma^k_ij = d_ki C_kj + d_kj C_ki - d_ij C_ik g_i / g_k
+    g, eye = jnp.exp(2.0 * (C @ theta)), jnp.eye(theta.size)
+    return (
+        jnp.einsum("ki,kj->kij", eye, C)
+        + jnp.einsum("kj,ki->kij", eye, C)
+        + sign * jnp.einsum("ij,ik,i,k->kij", eye, C, g, 1.0 / g)
+    )
+
+
 def _raise_type_error(*args):
     raise TypeError("unsupported operand\nsecond line of the message")
 
@@ -104,6 +114,28 @@ CASES = {
     "check_horizontal_projection": (
         _sylvester_projection,
         [(_euclidean_projection, "not in the Euclidean"), (lambda G, H, xi: xi, "vertical")],
+    ),
+    # issue 54: plain gradient descent in a Box-Cox chart, seen in theta (not printed in chapter 1)
+    "check_chart_gradient_step": (
+        lambda nu, t, g, lr: -lr * g * t ** (2 - 2 * nu),
+        [
+            (lambda nu, t, g, lr: -lr * g, "plain gradient descent in theta"),  # the chart ignored
+            (lambda nu, t, g, lr: -lr * g * t ** (1 - nu), "one factor of dtheta/dpsi is missing"),
+            (lambda nu, t, g, lr: -lr * g * t ** (2 * nu - 2), "the factor is inverted"),
+        ],
+    ),
+    # issue 54: Christoffel symbols of diag(exp(2 C theta)) by hand (chapter 4 computes them by autodiff)
+    "check_christoffel_derivation": (
+        _christoffel_exponential_metric,
+        [
+            (lambda C, t: jnp.zeros((t.size,) * 3), "not zero"),  # Gamma = 0 of a constant metric
+            (lambda C, t: 2 * _christoffel_exponential_metric(C, t), "factor 2 too large"),
+            (lambda C, t: _christoffel_exponential_metric(C, t, sign=+1.0), "wrong sign"),
+            (
+                lambda C, t: jnp.transpose(_christoffel_exponential_metric(C, t), (1, 2, 0)),
+                "the index order",
+            ),
+        ],
     ),
     # issue 54: a derivation the chapter does not print (it uses full-rank pairs only)
     "check_vertical_dimension": (
@@ -594,3 +626,81 @@ def test_move_heads_accepts_b_k_left_alone():
 
     report = A.check_move_heads(_move_bk_fixed)
     assert report.passed, report.message
+
+
+# ---------------------------------------------- issue 54: reasoning tasks in every assignment
+
+# Per assignment, a task that a submission cannot pass by transcribing what the chapter prints (or,
+# for assignment 4, by calling the library's answer, which the grader blocks): {assignment: (check,
+# the transcribed answer, words of the hint that names it)}.
+TRANSCRIPTIONS = {
+    "assignment_01_transformation_rules": (
+        "check_chart_gradient_step",
+        lambda nu, theta, g, lr: -lr * g,  # the update rule theta - alpha grad, as printed
+        "plain gradient descent in theta",
+    ),
+    "assignment_02_pullback_metrics": (
+        "check_fisher_rank",
+        lambda N, D, C: min(N, C * D),  # "rank at most N", printed for the empirical Fisher
+        "bound of the empirical Fisher",
+    ),
+    "assignment_03_natural_gradient": (
+        "check_gram_rank",
+        lambda m, n, k: m * n,  # rank N, task 3.1's full-row-rank case
+        "full row rank",
+    ),
+    "assignment_04_hessian_endomorphism": (
+        "check_christoffel_derivation",
+        None,  # the library's mg.christoffel_symbols, blocked: shown in a sandboxed process below
+        "computes this task's answer",
+    ),
+    "assignment_05_laplace_evidence": (
+        "check_chart_map",
+        lambda a, b, nu: a / b,  # the chapter's log-chart example, theta = 3 for Gamma(3, 1)
+        "mode in the log chart",
+    ),
+    "assignment_06_horizontal_projection": (
+        "check_vertical_dimension",
+        lambda h, r, s: h * h,  # the full-rank case the chapter works with
+        "dimension of GL(h)",
+    ),
+    "assignment_07_capstone": (
+        "check_bootstrap_distinct",
+        lambda n: n,  # "draw n models with replacement"
+        "not n distinct models",
+    ),
+}
+
+
+def test_a_transcribing_submission_fails_a_task_of_every_assignment(capsys):
+    assert set(TRANSCRIPTIONS) == {p.stem for p in SOLUTIONS}
+    grade = _load_grade_module()
+    for name, (check, answer, hint) in TRANSCRIPTIONS.items():
+        sol = nbformat.read(KIT / "solutions" / f"{name}.ipynb", as_version=4)
+        score = [c.source for c in sol.cells if c.cell_type == "code" and "reports = [" in c.source]
+        assert score and f"assignments.{check}(" in score[0], (name, check)  # the task is graded
+        if answer is None:
+            continue
+        report = getattr(A, check)(answer)
+        assert not report.passed and hint in report.message, (name, report.message)
+    # assignment 4: the library's Christoffel symbols answer the task in one call, and the grader's
+    # sandbox blocks them; the check then reports the block
+    assert "christoffel_symbols" in grade.BLOCKED["assignment_04_hessian_endomorphism"]
+    code = (
+        "import jax.numpy as jnp\n"
+        "import minigeo as mg\n"
+        "from minigeo import assignments as A\n"
+        "from minigeo.assignments import _sandbox\n"
+        "library = lambda C, t: mg.christoffel_symbols(\n"
+        "    mg.metrics.dense(lambda x: jnp.diag(jnp.exp(2 * C @ x))), t)\n"
+        "assert A.check_christoffel_derivation(library).passed\n"
+        "_sandbox.block(['christoffel_symbols'])\n"
+        "r = A.check_christoffel_derivation(library)\n"
+        "assert not r.passed\n"
+    )
+    run = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
+        env={"JAX_PLATFORMS": "cpu", "PATH": "", "PYTHONPATH": str(ROOT)},
+    )
+    assert run.returncode == 0, run.stdout + run.stderr
+    assert TRANSCRIPTIONS["assignment_04_hessian_endomorphism"][2] in run.stdout.splitlines()[-1], run.stdout

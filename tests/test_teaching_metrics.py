@@ -143,3 +143,20 @@ def test_reading_time_line(tmp_path):
     assert "recorded run took 200 s" in tm.reading_time_misses(tm.measure(written, "x"))[0]
     written["cells"][2]["source"] = "More words than before, many more."
     assert "words" in tm.reading_time_misses(tm.measure(written, "x"))[0]
+
+
+def test_notation_gives_every_symbol_one_meaning():
+    # book/notation.md promises one meaning per symbol: no symbol (the `$...$` pieces of a row's first
+    # column) names two rows, and no row gives its symbol a second meaning "with an argument" or "also"
+    import re
+
+    rows = [ln for ln in (ROOT / "book" / "notation.md").read_text().splitlines() if ln.startswith("| $")]
+    seen = {}
+    for row in rows:
+        first, meaning = row.split(" | ")[0][2:], row.split(" | ")[1]
+        for symbol in re.findall(r"\$([^$]+)\$", first):
+            assert symbol not in seen, f"{symbol} names two rows: {seen[symbol]!r} and {row!r}"
+            seen[symbol] = row
+        assert "with an argument is" not in meaning, row
+    # the damping and the Dirac delta have their own symbols, apart from eigenvalues and steps
+    assert {r"\epsilon", r"\lambda_i", r"\delta", r"\delta_{\mathrm D}"} <= set(seen), sorted(seen)

@@ -24,12 +24,14 @@ from __future__ import annotations
 
 from ._kit import CheckReport
 from .capstone import (
+    check_bootstrap_distinct,
     check_kendall_tau,
     check_kendall_tau_bootstrap,
     check_move_heads,
     check_sharpness_pair,
 )
 from .hessian_endomorphism import (
+    check_christoffel_derivation,
     check_hessian_endomorphism,
     check_invariant_trace,
     check_riemannian_hessian,
@@ -42,6 +44,7 @@ from .horizontal_projection import (
 )
 from .laplace_evidence import (
     check_change_of_variables,
+    check_chart_map,
     check_invariant_laplace_evidence,
     check_invariant_map,
     check_laplace_log_evidence,
@@ -49,16 +52,19 @@ from .laplace_evidence import (
 from .natural_gradient import (
     check_function_space_natural_gradient,
     check_generalized_inverse,
+    check_gram_rank,
     check_reparametrized_mp_step,
     check_span_projection,
 )
 from .pullback_metrics import (
     check_categorical_fisher,
     check_empirical_fisher,
+    check_fisher_rank,
     check_ggn_vector_product,
     check_natural_gradient_regression,
 )
 from .transformation_rules import (
+    check_chart_gradient_step,
     check_natural_gradient_step,
     check_transform_covector,
     check_transform_vector,
@@ -69,21 +75,26 @@ __all__ = [
     "check_transform_vector",
     "check_transform_covector",
     "check_natural_gradient_step",
+    "check_chart_gradient_step",
     "check_ggn_vector_product",
     "check_categorical_fisher",
     "check_empirical_fisher",
     "check_natural_gradient_regression",
+    "check_fisher_rank",
     "check_function_space_natural_gradient",
     "check_span_projection",
     "check_generalized_inverse",
     "check_reparametrized_mp_step",
+    "check_gram_rank",
     "check_hessian_endomorphism",
     "check_invariant_trace",
     "check_riemannian_hessian",
+    "check_christoffel_derivation",
     "check_change_of_variables",
     "check_invariant_map",
     "check_laplace_log_evidence",
     "check_invariant_laplace_evidence",
+    "check_chart_map",
     "check_vertical_vector",
     "check_quotient_metric",
     "check_horizontal_projection",
@@ -92,6 +103,7 @@ __all__ = [
     "check_sharpness_pair",
     "check_kendall_tau",
     "check_kendall_tau_bootstrap",
+    "check_bootstrap_distinct",
 ]
 
 #: Default time limit of one ``check_*`` call, in seconds (the correct answers take a few seconds,

@@ -13,7 +13,8 @@ from .. import models as mm
 from ..models.vit import multi_head_attention
 from ..sharpness import adaptive_sharpness, geodesic_sharpness
 from ..stats import kendall_tau, kendall_tau_ci
-from ._kit import CheckReport, _close, _Fail, _matches, _run, _key
+from . import _kit
+from ._kit import CheckReport, _close, _close_or_name, _Fail, _matches, _run, _key
 
 _ATTN = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
 
@@ -407,13 +408,13 @@ def check_kendall_tau(
     *,
     time_limit: float | None = None,
 ) -> CheckReport:
-    r"""Check ``fn(x, y)`` = Kendall's :math:`\tau_b`, as :func:`minigeo.kendall_tau`, on families with ties.
+    r"""Check ``fn(x, y)`` = Kendall's :math:`\tau_b`, as :func:`minigeo.stats.kendall_tau`, on families with ties.
 
     .. math::
         \tau_b = \frac{\sum_{i<j}\operatorname{sgn}(x_i - x_j)\operatorname{sgn}(y_i - y_j)}
         {\sqrt{\sum_{i<j}\operatorname{sgn}(x_i - x_j)^2\,\sum_{i<j}\operatorname{sgn}(y_i - y_j)^2}}.
 
-    Compared with :func:`minigeo.kendall_tau` (``scipy.stats.kendalltau``) on random families of 12 to 40
+    Compared with :func:`minigeo.stats.kendall_tau` (``scipy.stats.kendalltau``) on random families of 12 to 40
     models, with and without ties, and required to depend on the order alone: unchanged under
     increasing maps of either list, negated when one list is reversed.
 
@@ -488,7 +489,7 @@ def check_kendall_tau_bootstrap(
     Resample the :math:`n` models with replacement (index vectors :math:`I^{(b)}`, drawn with ``key``),
     compute :math:`\tau_b^{(b)} = \tau_b(x_{I^{(b)}}, y_{I^{(b)}})` on each resample (the same indices for
     both lists: a model is a pair), and return the :math:`(1-c)/2` and :math:`(1+c)/2` quantiles.  The
-    check compares the interval with :func:`minigeo.kendall_tau_ci` (5,000 resamples; to 0.06, the
+    check compares the interval with :func:`minigeo.stats.kendall_tau_ci` (5,000 resamples; to 0.06, the
     Monte-Carlo error of 2,000 resamples being about 0.01) on families with ties, at two levels, and
     asks that it contain :math:`\tau_b`, be reproducible given the key, and narrow with more models.
 
@@ -563,3 +564,82 @@ def check_kendall_tau_bootstrap(
         )
 
     return _run("kendall_tau_bootstrap", body, time_limit)
+
+
+def _expected_distinct_exact(n: int) -> float:
+    """E[#distinct of n draws with replacement from n], by counting: S(n, k) k! C(n, k) sequences have
+    exactly k distinct values (S the Stirling numbers of the second kind), exact in integers."""
+    from fractions import Fraction
+    from math import comb, factorial
+
+    S = [[0] * (n + 1) for _ in range(n + 1)]
+    S[0][0] = 1
+    for i in range(1, n + 1):
+        for k in range(1, i + 1):
+            S[i][k] = k * S[i - 1][k] + S[i - 1][k - 1]
+    total = sum(k * S[n][k] * factorial(k) * comb(n, k) for k in range(1, n + 1))
+    return float(Fraction(total, n**n))
+
+
+def check_bootstrap_distinct(
+    fn: Callable[[int], float],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
+    r"""Check ``fn(n)`` = the expected number of distinct models in one bootstrap resample of :math:`n` models.
+
+    A prediction the chapter does not print: a resample draws :math:`n` indices uniformly with
+    replacement from :math:`\{0,\dots,n-1\}`; the models drawn twice or more give the resample tied
+    pairs.  The check's truth counts the resamples with exactly :math:`k` distinct models (Stirling
+    numbers of the second kind, in exact integer arithmetic) for the chapter's 16 models and other
+    :math:`n` of its seed.
+
+    Parameters
+    ----------
+    fn : callable
+        The student's answer, called as ``fn(n)`` with an integer; it returns a number.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
+
+    Examples
+    --------
+    >>> from minigeo import assignments
+    >>> assignments.check_bootstrap_distinct(lambda n: n).passed
+    FAIL bootstrap_distinct: ...
+    False
+
+    References
+    ----------
+    No formula from the source papers (a count about chapter 7's bootstrap over models; Efron &
+    Tibshirani 1993 for the bootstrap). Assignment of chapter 7.
+    """
+
+    def body() -> str:
+        rng = np.random.default_rng(71 if _kit._GRADING_SEED is None else [71, _kit._GRADING_SEED])
+        ns = [16, 2, 5, *(int(k) for k in rng.integers(3, 40, size=3))]
+        for n in ns:
+            truth = _expected_distinct_exact(n)
+            got = fn(n)
+            mistakes = [
+                (float(n), "a resample has n draws, but not n distinct models: some are drawn twice or more."),
+                (n * (1.0 - np.exp(-1.0)), "n (1 - 1/e) is the limit for large n; at finite n the chance that a "
+                 "given model is never drawn is (1 - 1/n)^n."),
+                (n * (1.0 - 1.0 / n) ** n, "that is the expected number of models left out of the resample."),
+                (n / 2.0, "not half: the chance that a given model is drawn at least once is 1 - (1 - 1/n)^n."),
+            ]
+            _close_or_name(
+                got,
+                truth,
+                f"the expected number of distinct models for n = {n}",
+                "Sum over the models the probability that each is drawn at least once.",
+                mistakes,
+            )
+        return "the expected number of distinct models in a resample is right."
+
+    return _run("bootstrap_distinct", body, time_limit)

@@ -11,7 +11,9 @@ from .. import reparam
 from ..coords import transform_endomorphism
 from ..curvature import christoffel_symbols, riemannian_hessian
 from ..metrics import dense as dense_metric
-from ._kit import CheckReport, _close, _random_spd, _run, _key
+import numpy as np
+
+from ._kit import CheckReport, _close, _close_or_name, _random_spd, _rng, _run, _key
 
 
 def _hessian_cases(key: jax.Array, n: int = 4) -> list[tuple[jax.Array, jax.Array]]:
@@ -198,3 +200,89 @@ def check_riemannian_hessian(
         return "the Christoffel correction matches minigeo at 3 non-critical points."
 
     return _run("riemannian_hessian", body, time_limit)
+
+
+def _christoffel_from_definition(metric: Callable, theta: jax.Array) -> np.ndarray:
+    """Gamma^k_ij = 1/2 G^{kl} (d_i G_lj + d_j G_li - d_l G_ij), the derivatives by dense jax.jacfwd."""
+    G = metric(theta)
+    dG = jax.jacfwd(metric)(theta)  # dG[a, b, c] = d_c G_ab
+    lower = 0.5 * (jnp.einsum("lji->ijl", dG) + jnp.einsum("lij->ijl", dG) - dG)  # [i, j, l]
+    return np.asarray(jnp.einsum("kl,ijl->kij", jnp.linalg.inv(G), lower))
+
+
+def check_christoffel_derivation(
+    fn: Callable[[jax.Array, jax.Array], jax.Array],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
+    r"""Check ``fn(C, theta)`` = the Christoffel symbols of :math:`\mathbf G(\theta) = \mathrm{diag}(e^{2(C\theta)_1}, \dots, e^{2(C\theta)_d})`.
+
+    A derivation the chapter leaves out (it computes Christoffel symbols with automatic
+    differentiation only): for this diagonal metric, :math:`\Gamma^k_{ij}` in closed form.  The check
+    compares ``fn(C, theta)[k, i, j]`` with :math:`\Gamma^k_{ij}` computed from the definition with
+    dense ``jax.jacfwd`` derivatives of the metric, at random :math:`C` and :math:`\theta` of its seed.
+    ``mg.christoffel_symbols`` is blocked when the grader runs the notebook.
+
+    Parameters
+    ----------
+    fn : callable
+        The student's answer, called as ``fn(C, theta)`` with ``C`` of shape ``(d, d)`` and ``theta`` of
+        shape ``(d,)``; it returns ``gamma`` of shape ``(d, d, d)`` with ``gamma[k, i, j]`` = :math:`\Gamma^k_{ij}`.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
+
+    Examples
+    --------
+    >>> import jax.numpy as jnp
+    >>> from minigeo import assignments
+    >>> assignments.check_christoffel_derivation(lambda C, theta: jnp.zeros((3, 3, 3))).passed
+    FAIL christoffel_derivation: ...
+    False
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023) (Christoffel symbols of the Levi-Civita connection).
+    Assignment of chapter 4.
+    """
+
+    def body() -> str:
+        rng = _rng(43)
+        for d in (2, 3, 3):
+            C = jnp.asarray(rng.normal(size=(d, d)) * 0.7)
+            theta = jnp.asarray(rng.normal(size=d) * 0.5)
+            metric = lambda t, C=C: jnp.diag(jnp.exp(2.0 * (C @ t)))
+            want = _christoffel_from_definition(metric, theta)
+            got = fn(C, theta)
+            G = np.asarray(metric(theta))
+            dG = np.asarray(jax.jacfwd(metric)(theta))
+            plus_last = np.einsum(
+                "kl,ijl->kij",
+                np.linalg.inv(G),
+                0.5 * (np.einsum("lji->ijl", dG) + np.einsum("lij->ijl", dG) + dG),
+            )
+            mistakes = [
+                (np.zeros_like(want), "the metric changes from point to point, so its Christoffel symbols are not "
+                 "zero: Gamma = 0 holds only for a constant metric."),
+                (2.0 * want, "a factor 2 too large: Gamma^k_ij = 1/2 G^{kl}(d_i G_lj + d_j G_li - d_l G_ij)."),
+                (plus_last, "the last term has the wrong sign: - d_l G_ij, not + d_l G_ij."),
+                (np.transpose(want, (1, 2, 0)), "the index order: gamma[k, i, j] = Gamma^k_ij, the upper "
+                 "index first (as mg.christoffel_symbols returns it)."),
+                (np.transpose(want, (2, 0, 1)), "the index order: gamma[k, i, j] = Gamma^k_ij, the upper "
+                 "index first (as mg.christoffel_symbols returns it)."),
+            ]
+            _close_or_name(
+                got,
+                want,
+                f"gamma for d = {d}",
+                "For a diagonal metric only G_kk = exp(2 (C theta)_k) is non-zero, and d_i G_kk = 2 C_ki G_kk.",
+                mistakes,
+            )
+        return "the Christoffel symbols of the diagonal exponential metric are right."
+
+    return _run("christoffel_derivation", body, time_limit)

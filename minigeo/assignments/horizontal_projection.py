@@ -87,7 +87,7 @@ def check_quotient_metric(
 ) -> CheckReport:
     r"""Check ``fn(G, H, eta, zeta)`` = metric (15), :math:`\mathrm{tr}((G^\top G)^{-1}\eta_G^\top\zeta_G) + \mathrm{tr}((H^\top H)^{-1}\eta_H^\top\zeta_H)`.
 
-    Checks the value against :func:`minigeo.gl_metric` and its GL(h) invariance: moving the point to
+    Checks the value against :func:`minigeo.quotient.gl_metric` and its GL(h) invariance: moving the point to
     :math:`(GA^{-1}, HA^\top)` and the vectors with it leaves the inner product unchanged.
 
     Parameters
@@ -145,7 +145,7 @@ def check_horizontal_projection(
 ) -> CheckReport:
     r"""Check ``fn(G, H, xi)``: the metric-(15)-orthogonal projection of ``xi = (xi_G, xi_H)`` onto the horizontal space.
 
-    Checks, on random points and vectors: the result matches :func:`minigeo.horizontal_projection`;
+    Checks, on random points and vectors: the result matches :func:`minigeo.quotient.horizontal_projection`;
     vertical vectors are sent to zero; projecting twice changes nothing; the removed part is
     vertical; and the result is orthogonal, in metric (15), to every vertical vector.
 

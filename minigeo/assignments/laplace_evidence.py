@@ -344,8 +344,8 @@ def _lr_log_lik(t, X, y, sigma):  # log N(y | X t, sigma^2 I)
     return -0.5 * jnp.sum(r**2) / sigma**2 - y.size * jnp.log(sigma) - 0.5 * y.size * LOG_2PI
 
 
-def _lr_log_prior(t, alpha):  # log N(t | 0, alpha^{-1} I)
-    return -0.5 * alpha * jnp.sum(t**2) + 0.5 * t.size * jnp.log(alpha) - 0.5 * t.size * LOG_2PI
+def _lr_log_prior(t, tau):  # log N(t | 0, tau^{-1} I)
+    return -0.5 * tau * jnp.sum(t**2) + 0.5 * t.size * jnp.log(tau) - 0.5 * t.size * LOG_2PI
 
 
 def _logistic_log_lik(t, X, y):
@@ -358,9 +358,9 @@ def _logistic_log_prior(t):  # log N(t | 0, I)
 
 
 @jax.jit
-def _lr_reference(X, y, sigma, alpha, t):
+def _lr_reference(X, y, sigma, tau, t):
     """minigeo's Laplace log evidence of a Bayesian linear regression."""
-    nlj = lambda x: -_lr_log_lik(x, X, y, sigma) - _lr_log_prior(x, alpha)
+    nlj = lambda x: -_lr_log_lik(x, X, y, sigma) - _lr_log_prior(x, tau)
     return laplace_log_marginal_likelihood(nlj, t).log_z
 
 
@@ -374,12 +374,12 @@ def _logistic_reference(X, y, t):
 def _linear_regression(draws: _Draws, d: int = 3, n: int = 20):
     """A Bayesian linear regression with a random design: its MAP and its exact log evidence (numpy)."""
     X = draws.normal(n, d)
-    sigma, alpha = float(draws.uniform(0.3, 1.0, 1)[0]), float(draws.uniform(0.5, 2.0, 1)[0])
+    sigma, tau = float(draws.uniform(0.3, 1.0, 1)[0]), float(draws.uniform(0.5, 2.0, 1)[0])
     y = X @ draws.normal(d) + sigma * draws.normal(n)
-    theta_star = np.linalg.solve(X.T @ X / sigma**2 + alpha * np.eye(d), X.T @ y / sigma**2)
-    C = sigma**2 * np.eye(n) + X @ X.T / alpha  # the marginal y ~ N(0, sigma^2 I + X X^T / alpha)
+    theta_star = np.linalg.solve(X.T @ X / sigma**2 + tau * np.eye(d), X.T @ y / sigma**2)
+    C = sigma**2 * np.eye(n) + X @ X.T / tau  # the marginal y ~ N(0, sigma^2 I + X X^T / tau)
     exact = -0.5 * y @ np.linalg.solve(C, y) - 0.5 * np.linalg.slogdet(2.0 * np.pi * C)[1]
-    return jnp.asarray(X), jnp.asarray(y), sigma, alpha, jnp.asarray(theta_star), exact
+    return jnp.asarray(X), jnp.asarray(y), sigma, tau, jnp.asarray(theta_star), exact
 
 
 def _logistic_regression(draws: _Draws, d: int = 3, n: int = 20):
@@ -397,10 +397,10 @@ def _laplace_cases(draws: _Draws):
     """(name, log_lik, log_prior, theta_star, exact log Z or None, minigeo's Laplace log Z)."""
     cases = []
     for i in range(3):
-        X, y, sigma, alpha, t, exact = _linear_regression(draws)
+        X, y, sigma, tau, t, exact = _linear_regression(draws)
         log_lik = lambda x, X=X, y=y, sigma=sigma: _lr_log_lik(x, X, y, sigma)
-        log_prior = lambda x, alpha=alpha: _lr_log_prior(x, alpha)
-        reference = _lr_reference(X, y, sigma, alpha, t)
+        log_prior = lambda x, tau=tau: _lr_log_prior(x, tau)
+        reference = _lr_reference(X, y, sigma, tau, t)
         cases.append((f"linear regression {i + 1}", log_lik, log_prior, t, exact, reference))
     X, y, t = _logistic_regression(draws)
     log_lik = lambda x: _logistic_log_lik(x, X, y)
@@ -423,7 +423,7 @@ def check_laplace_log_evidence(
 
     On Bayesian linear regressions with random designs (three weights) the Laplace approximation is
     exact, so the answer must equal the closed-form evidence :math:`\log\mathcal N(y\mid 0, \sigma^2 I +
-    XX^\top/\alpha)`; on a logistic regression it must equal :func:`minigeo.laplace_log_marginal_likelihood`.
+    XX^\top/\tau)`; on a logistic regression it must equal :func:`minigeo.laplace_log_marginal_likelihood`.
 
     Parameters
     ----------
@@ -697,3 +697,98 @@ def check_invariant_laplace_evidence(
         )
 
     return _run("invariant_laplace_evidence", body, time_limit)
+
+
+def _box_cox_mode_truth(a: float, b: float, nu: float) -> float:
+    """theta at the mode of the density of psi = (theta^nu - 1)/nu for theta ~ Gamma(a, rate b), found
+    numerically: log q_Psi(psi) = log q(theta(psi)) + log|dtheta/dpsi|, the derivative of the inverse
+    chart by ``jax.grad``; the mode is bracketed on a grid and its stationarity equation (``jax.grad``
+    again) solved by Brent's method."""
+    from scipy.optimize import brentq
+
+    def inverse(psi):
+        return (1.0 + nu * psi) ** (1.0 / nu)
+
+    def log_q_psi(psi):
+        theta = inverse(psi)
+        return (a - 1.0) * jnp.log(theta) - b * theta + jnp.log(jnp.abs(jax.grad(inverse)(psi)))
+
+    slope = jax.jit(jax.grad(log_q_psi))
+    thetas = np.geomspace(1e-2 / b, 50.0 * a / b, 801)
+    psis = (thetas**nu - 1.0) / nu
+    psis = np.sort(psis)
+    signs = np.sign(np.asarray(jax.vmap(slope)(jnp.asarray(psis))))
+    i = int(np.flatnonzero((signs[:-1] > 0) & (signs[1:] < 0))[0])
+    psi_star = brentq(lambda p: float(slope(p)), psis[i], psis[i + 1], xtol=1e-14, rtol=1e-14)
+    return float(inverse(psi_star))
+
+
+def check_chart_map(
+    fn: Callable[[float, float, float], float],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
+    r"""Check ``fn(a, b, nu)`` = where the MAP of a Gamma density lands in the Box-Cox chart :math:`\psi_\nu`.
+
+    :math:`\theta\sim\mathrm{Gamma}(a, b)` (shape :math:`a`, rate :math:`b`) has its mode at
+    :math:`(a-1)/b`.  Written as a density of :math:`\psi_\nu = (\theta^\nu - 1)/\nu` it has another
+    mode; ``fn`` returns that mode expressed as a value of :math:`\theta` (i.e.
+    :math:`\varphi^{-1}(\psi^*)`).  A prediction the chapter does not print: the check maximizes the
+    transformed density numerically (the inverse chart's derivative by finite differences) for
+    random :math:`a > \max(1, \nu)`, :math:`b` and :math:`\nu` of its seed.
+
+    Parameters
+    ----------
+    fn : callable
+        The student's answer, called as ``fn(a, b, nu)`` with floats; it returns a number.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
+
+    Examples
+    --------
+    >>> from minigeo import assignments
+    >>> assignments.check_chart_map(lambda a, b, nu: (a - 1) / b).passed
+    FAIL chart_map: ...
+    False
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), eq. 10 (the change of variables; the MAP estimate is not
+    invariant). Assignment of chapter 5.
+    """
+
+    def body() -> str:
+        rng = _kit._rng(53)
+        cases = [(3.0, 2.0, 0.5), (4.5, 1.0, 2.0), (2.5, 0.7, -1.0)]
+        for _ in range(3):
+            nu = float(rng.choice([-1.5, -0.5, 0.3, 0.7, 1.5, 2.5]))
+            cases.append((float(rng.uniform(max(1.0, nu) + 0.5, 6.0)), float(rng.uniform(0.5, 3.0)), nu))
+        for a, b, nu in cases:
+            truth = _box_cox_mode_truth(a, b, nu)
+            got = fn(a, b, nu)
+            mistakes = [
+                ((a - 1.0) / b, "that is the mode of q in theta: the MAP moves with the chart, because the density "
+                 "in psi carries the factor |dtheta/dpsi|."),
+                (a / b, "a/b is the mode in the log chart (the chapter's example, the limit nu -> 0); the Box-Cox "
+                 "chart's Jacobian dpsi/dtheta = theta^(nu - 1) depends on nu."),
+                ((a + nu - 2.0) / b, "the Jacobian factor is inverted: q_Psi = q |dtheta/dpsi|, "
+                 "not q |dpsi/dtheta|."),
+                ((((a - nu) / b) ** nu - 1.0) / nu, "that is the mode's psi-coordinate: return it as a value of theta."),
+            ]
+            _close_or_name(
+                got,
+                truth,
+                f"the theta of the psi-mode for a = {a:.3g}, b = {b:.3g}, nu = {nu:g}",
+                "Write log q_Psi(psi) as a function of theta = phi^-1(psi) and set its derivative to zero.",
+                mistakes,
+                tol=1e-6,
+            )
+        return "the MAP in the Box-Cox chart is right: it is not phi of the MAP in theta."
+
+    return _run("chart_map", body, time_limit)

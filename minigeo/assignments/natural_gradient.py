@@ -9,7 +9,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..natgrad import moore_penrose_inverse, natural_parameter_gradient, span_projection
-from ._kit import CheckReport, _as_array, _close, _Draws, _Fail, _run
+from ._kit import CheckReport, _as_array, _close, _close_or_name, _Draws, _Fail, _rng, _run
 
 #: Cut-off for the reference pseudo-inverses: the random instances below have nonzero eigenvalues of
 #: G far above it and round-off "zero" eigenvalues near 1e-16 of the largest, far below it.
@@ -448,3 +448,90 @@ def check_reparametrized_mp_step(
         )
 
     return _run("reparametrized_mp_step", body, time_limit)
+
+
+def _factorization_jacobian_rank(U: np.ndarray, V: np.ndarray) -> int:
+    """The rank of the Jacobian of (U, V) -> U V^T, from its columns on the basis E_ij of each factor."""
+    cols = []
+    for k in range(U.size):
+        E = np.zeros(U.shape)
+        E.flat[k] = 1.0
+        cols.append((E @ V.T).ravel())
+    for k in range(V.size):
+        E = np.zeros(V.shape)
+        E.flat[k] = 1.0
+        cols.append((U @ E.T).ravel())
+    return int(np.linalg.matrix_rank(np.stack(cols, axis=1)))
+
+
+def check_gram_rank(
+    fn: Callable[[int, int, int], int],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
+    r"""Check ``fn(m, n, k)`` = the rank of the Gram matrix of the factorization :math:`\phi(U, V) = UV^\top`.
+
+    :math:`U\in\mathbb R^{m\times k}`, :math:`V\in\mathbb R^{n\times k}` with :math:`k\le\min(m, n)`, at a
+    generic point (both factors of full column rank), with the Euclidean metric on
+    :math:`\mathbb R^{m\times n}`.  A count the chapter does not print: the check compares ``fn``'s
+    number with the numerical rank of the Jacobian at random factors of its seed.
+
+    Parameters
+    ----------
+    fn : callable
+        The student's answer, called as ``fn(m, n, k)`` with integers; it returns the rank, a number.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
+
+    Examples
+    --------
+    >>> from minigeo import assignments
+    >>> assignments.check_gram_rank(lambda m, n, k: k * (m + n)).passed
+    FAIL gram_rank: ...
+    False
+
+    References
+    ----------
+    van Oostrum, Müller & Ay (2023), *Invariance properties of the natural gradient in
+    overparametrised systems* (singular Gram matrices, proper points). Assignment of chapter 3.
+    """
+
+    def body() -> str:
+        rng = _rng(31)
+        cases = [(5, 5, 3), (4, 3, 2), (3, 6, 1), (2, 4, 2), (6, 4, 3)]
+        for _ in range(3):
+            m, n = int(rng.integers(2, 7)), int(rng.integers(2, 7))
+            cases.append((m, n, int(rng.integers(1, min(m, n) + 1))))
+        for m, n, k in cases:
+            truth = _factorization_jacobian_rank(rng.normal(size=(m, k)), rng.normal(size=(n, k)))
+            got = fn(m, n, k)
+            mistakes = [
+                (
+                    k * (m + n),
+                    "that is the number of parameters d: G is singular, because (U A^-1, V A^T) gives the "
+                    "same U V^T for every invertible k x k matrix A.",
+                ),
+                (m * n, "that is N, the rank when J has full row rank (task 3.1); here the model is a set of "
+                 "rank-k matrices, smaller than R^(m x n)."),
+                (
+                    k * (m + n) - k,
+                    "rescaling each column (k directions) is not the only symmetry: any invertible k x k "
+                    "matrix A mixes the columns of U and V.",
+                ),
+            ]
+            _close_or_name(
+                got,
+                truth,
+                f"the rank of G for m = {m}, n = {n}, k = {k}",
+                "rank G = d - dim ker J: which changes (dU, dV) leave U V^T fixed to first order?",
+                mistakes,
+            )
+        return "the rank of the Gram matrix of U V^T is right for every shape."
+
+    return _run("gram_rank", body, time_limit)

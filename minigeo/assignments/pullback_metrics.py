@@ -534,7 +534,7 @@ def check_natural_gradient_regression(
 
     .. math::
         \begin{aligned}
-        \theta^+ &= \theta - \alpha\,(\mathbf{G} + \lambda\mathbf{I})^{-1}\nabla\mathcal{J}(\theta), \\
+        \theta^+ &= \theta - \alpha\,(\mathbf{G} + \epsilon\mathbf{I})^{-1}\nabla\mathcal{J}(\theta), \\
         \mathbf{G} &= \mathbf{J}^\top\mathbf{H}_z\mathbf{J},\quad \mathcal{J}(\theta) = \mathcal{L}(f(\theta)),
         \end{aligned}
 
@@ -654,3 +654,98 @@ def check_natural_gradient_regression(
         )
 
     return _run("natural_gradient_regression", body, time_limit)
+
+
+def _linear_softmax_fisher(W: np.ndarray, X: np.ndarray) -> np.ndarray:
+    """The Fisher of z_n = W x_n with softmax outputs, from its definition (1/N) sum_n sum_c p_nc s_nc s_nc^T,
+    s_nc = grad_W log softmax(W x_n)_c = (e_c - p_n) x_n^T (flattened row-major like W)."""
+    C, D = W.shape
+    N = X.shape[0]
+    F = np.zeros((C * D, C * D))
+    for x in X:
+        z = W @ x
+        p = np.exp(z - z.max())
+        p /= p.sum()
+        for c in range(C):
+            s = np.outer(np.eye(C)[c] - p, x).ravel()
+            F += p[c] * np.outer(s, s)
+    return F / N
+
+
+def check_fisher_rank(
+    fn: Callable[[int, int, int], int],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
+    r"""Check ``fn(N, D, C)`` = the rank of the Fisher of a linear softmax classifier, predicted before computing it.
+
+    The model is :math:`z_n = W x_n` with :math:`W\in\mathbb R^{C\times D}` (no bias) on :math:`N` inputs
+    :math:`x_n\in\mathbb R^D` in general position, with softmax probabilities.  A count the chapter does
+    not print: the check computes the Fisher from its definition, :math:`\frac1N\sum_n\sum_c p_{nc}s_{nc}s_{nc}^\top`
+    with the exact score, at random :math:`W` and inputs, and compares ``fn``'s number with its
+    numerical rank.
+
+    Parameters
+    ----------
+    fn : callable
+        The student's answer, called as ``fn(N, D, C)`` with integers; it returns the rank, a number.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
+
+    Examples
+    --------
+    >>> from minigeo import assignments
+    >>> assignments.check_fisher_rank(lambda N, D, C: min(N, D) * C).passed
+    FAIL fisher_rank: ...
+    False
+
+    References
+    ----------
+    No formula from the source papers (a count derived from chapter 2's Fisher of a softmax
+    classifier); Kunstner, Balles & Hennig (2019) compare the Fisher with the empirical Fisher.
+    Assignment of chapter 2.
+    """
+
+    def body() -> str:
+        rng = _rng(24)
+        cases = [(2, 5, 3), (6, 3, 4), (5, 4, 2), (1, 3, 5), (3, 2, 3)]
+        for _ in range(3):
+            cases.append((int(rng.integers(1, 7)), int(rng.integers(1, 6)), int(rng.integers(2, 5))))
+        for N, D, C in cases:
+            W = rng.normal(size=(C, D))
+            X = rng.normal(size=(N, D))
+            truth = int(np.linalg.matrix_rank(_linear_softmax_fisher(W, X), tol=1e-9))
+            got = fn(N, D, C)
+            mistakes = [
+                (
+                    min(N, D) * C,
+                    "the softmax loses one direction per example: adding the same number to every logit "
+                    "changes no probability, so the output Fisher diag(p) - p p^T has rank C - 1, not C.",
+                ),
+                (
+                    min(N, C * D),
+                    "rank <= N is the bound of the empirical Fisher (one label per example); the Fisher "
+                    "sums over all C labels of each example.",
+                ),
+                (C * D, "F is singular here: the number of parameters C D is only an upper bound."),
+                (
+                    (C - 1) * N,
+                    "more examples than inputs add nothing: the rows x_n span at most D dimensions.",
+                ),
+            ]
+            _close_or_name(
+                got,
+                truth,
+                f"the rank of the Fisher for N = {N}, D = {D}, C = {C}",
+                "F = (1/N) sum_n (x_n x_n^T) kron (diag p_n - p_n p_n^T): what is the rank of each factor?",
+                mistakes,
+            )
+        return "the rank of the softmax Fisher is right for every shape."
+
+    return _run("fisher_rank", body, time_limit)

@@ -6,9 +6,10 @@ from typing import Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..coords import Reparametrization, transform_covector, transform_metric, transform_vector
-from ._kit import CheckReport, _close, _random_reparametrizations, _random_spd, _run, _key
+from ._kit import CheckReport, _close, _close_or_name, _random_reparametrizations, _random_spd, _rng, _run, _key
 
 
 def check_transform_vector(
@@ -175,3 +176,81 @@ def check_natural_gradient_step(
         return "-lr G^-1 grad is correct and equivariant under 5 reparametrizations."
 
     return _run("natural_gradient_step", body, time_limit)
+
+
+def check_chart_gradient_step(
+    fn: Callable[[float, jax.Array, jax.Array, float], jax.Array],
+    *,
+    time_limit: float | None = None,
+) -> CheckReport:
+    r"""Check ``fn(nu, theta, grad, lr)``: plain gradient descent taken in the Box-Cox chart, seen in :math:`\theta`.
+
+    A derivation the chapter leaves out: one step :math:`\psi - \alpha\nabla_\psi\mathcal L` of plain
+    gradient descent in the chart :math:`\psi_\nu = (\theta^\nu - 1)/\nu` (element-wise), mapped back to
+    :math:`\theta`, to first order in the step size :math:`\alpha`.  The check's truth differentiates the
+    inverse chart with ``jax.grad`` (chain rule for the gradient in :math:`\psi`, then the step's
+    pushforward back to :math:`\theta`) at random points, exponents and gradients of its seed.
+
+    Parameters
+    ----------
+    fn : callable
+        The student's answer, called as ``fn(nu, theta, grad, lr)`` with a float ``nu``, arrays
+        ``theta`` (positive) and ``grad`` of shape ``(3,)`` and a float ``lr``; it returns the step in
+        :math:`\theta`-coordinates, shape ``(3,)``.
+    time_limit : float, optional
+        Seconds before the check fails with "timed out"; default ``minigeo.assignments.TIME_LIMIT`` (120).
+
+    Returns
+    -------
+    CheckReport
+        Whether it passed and the one line printed (``PASS``, or ``FAIL`` with a hint); an
+        exception raised by ``fn`` is reported there instead of propagating.
+
+    Examples
+    --------
+    >>> from minigeo import assignments
+    >>> assignments.check_chart_gradient_step(lambda nu, theta, g, lr: -lr * g).passed
+    FAIL chart_gradient_step: ...
+    False
+
+    References
+    ----------
+    Kristiadi, Dangel & Hennig (2023), *The geometry of neural nets' parameter spaces under
+    reparametrization* (gradient descent is not invariant). Assignment of chapter 1.
+    """
+
+    def inverse(nu, psi):  # theta = (1 + nu psi)^(1/nu), one coordinate
+        return (1.0 + nu * psi) ** (1.0 / nu)
+
+    def body() -> str:
+        rng = _rng(11)
+        nus = [0.5, 2.0, -1.0, float(rng.uniform(0.2, 3.0))]
+        for nu in nus:
+            theta = rng.uniform(0.3, 2.5, size=3)
+            grad = rng.normal(size=3)
+            lr = float(rng.uniform(0.01, 0.5))
+            psi = (theta**nu - 1.0) / nu
+            dtheta_dpsi = np.array([float(jax.grad(inverse, argnums=1)(nu, float(p))) for p in psi])
+            grad_psi = grad * dtheta_dpsi  # dL/dpsi = dL/dtheta dtheta/dpsi (a covector)
+            want = dtheta_dpsi * (-lr * grad_psi)  # the psi-step pushed forward to theta
+            got = fn(nu, jnp.asarray(theta), jnp.asarray(grad), lr)
+            J = theta ** (nu - 1.0)  # dpsi/dtheta
+            mistakes = [
+                (-lr * grad, "that is plain gradient descent in theta: the step taken in psi is another one. "
+                 "Write the gradient in psi (a covector) and map the psi-step back to theta (a vector)."),
+                (-lr * grad / J, "one factor of dtheta/dpsi is missing: the gradient in psi picks up one "
+                 "(it is a covector) and mapping the step back to theta another (it is a vector)."),
+                (-lr * grad * J**2, "the factor is inverted: dtheta/dpsi = 1/(dpsi/dtheta), and it enters twice."),
+                (-lr * grad * J, "the step moved like a vector with dpsi/dtheta: both the gradient and the "
+                 "step transform with dtheta/dpsi = theta^(1-nu)."),
+            ]
+            _close_or_name(
+                got,
+                want,
+                f"the theta-step for nu = {nu:g}",
+                "Differentiate through the chart: dL/dpsi from dL/dtheta, the step -lr dL/dpsi, then back to theta.",
+                mistakes,
+            )
+        return "plain gradient descent in a Box-Cox chart is a preconditioned step in theta."
+
+    return _run("chart_gradient_step", body, time_limit)
