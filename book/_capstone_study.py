@@ -203,19 +203,7 @@ def make_study(
 
 def move_along_symmetries(params, A_qk, A_vo, d_ln2, d_final):
     """The same function: per-head GL(h) moves of both pairs, GL(1) moves of two LayerNorms."""
-    inv, T = jnp.linalg.inv, lambda M: jnp.swapaxes(M, -1, -2)
-    a = dict(params["blocks"]["attn"])
-    a["W_q"], a["b_q"] = a["W_q"] @ inv(A_qk), jnp.einsum("lhe,lhef->lhf", a["b_q"], inv(A_qk))
-    a["W_k"], a["b_k"] = a["W_k"] @ T(A_qk), jnp.einsum("lhe,lhfe->lhf", a["b_k"], A_qk)
-    a["W_v"], a["b_v"] = a["W_v"] @ inv(A_vo), jnp.einsum("lhe,lhef->lhf", a["b_v"], inv(A_vo))
-    a["W_o"] = a["W_o"] @ T(A_vo)
-    ln2 = {k: v * d_ln2 for k, v in params["blocks"]["ln2"].items()}
-    mlp = params["blocks"]["mlp"]
-    fc1 = dict(mlp["fc1"], kernel=mlp["fc1"]["kernel"] / d_ln2[..., None])
-    blocks = dict(params["blocks"], attn=a, ln2=ln2, mlp=dict(mlp, fc1=fc1))
-    ln_final = {k: v * d_final for k, v in params["ln_final"].items()}
-    head = dict(params["head"], kernel=params["head"]["kernel"] / d_final[:, None])
-    return dict(params, blocks=blocks, ln_final=ln_final, head=head)
+    return mm.vit_move_along_symmetries(params, A_qk, A_vo, ln2_scale=d_ln2, final_scale=d_final)
 
 
 def group_elements(r, shape, cond):

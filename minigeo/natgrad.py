@@ -274,7 +274,7 @@ def natural_gradient(
     grad: PyTree,
     *,
     damping: Any = 0.0,
-    solver: str = "cg",
+    solver: str | None = None,
     tol: float = 1e-6,
     maxiter: int | None = None,
     rcond: float | None = None,
@@ -298,11 +298,12 @@ def natural_gradient(
         equals ``G.with_damping(ε).solve(p, g)``.  A Python number, NumPy scalar, 0-d
         array or a traced value (e.g. a ``jit`` argument); negative or NaN values raise
         :class:`~minigeo.GeometryError` when concrete.
-    solver : {"cg", "dense", "pinv"}, optional
-        ``"cg"``: matrix-free conjugate gradients, for network-sized pytrees;
-        ``"dense"``: Cholesky on the dense matrix; ``"pinv"``: the Moore-Penrose
-        natural parameter gradient :math:`(G + \epsilon I)^+\nabla L` (dense, for
-        singular metrics without damping).
+    solver : {"factored", "cg", "dense", "pinv"}, optional
+        ``"factored"`` (the default for a metric with a factored inverse, :func:`~minigeo.kfac` and
+        :func:`~minigeo.ekfac`): the exact solve through its factors; ``"cg"`` (the default
+        otherwise): matrix-free conjugate gradients, for network-sized pytrees; ``"dense"``:
+        Cholesky on the dense matrix; ``"pinv"``: the Moore-Penrose natural parameter gradient
+        :math:`(G + \epsilon I)^+\nabla L` (dense, for singular metrics without damping).
     tol : float, optional
         CG relative tolerance, in ``(0, 1)``: ``converged`` means the true relative residual
         :math:`\lVert\nabla L - (G + \epsilon I)x\rVert / \lVert\nabla L\rVert \le` ``tol`` (raised to
@@ -367,6 +368,15 @@ def natural_gradient(
     check_finite(params, "params")
     check_finite(grad, "the gradient")
     damped = metric.with_damping(metric.damping + damping)
+    if solver is None:
+        solver = "cg" if metric.solve_fn is None else "factored"
+    if solver == "factored":
+        if metric.solve_fn is None:
+            raise GeometryError(
+                f"natural_gradient: solver='factored' needs a metric with a factored inverse (mg.kfac, mg.ekfac); "
+                f"the {metric.name} metric has none: use solver='cg'."
+            )
+        return damped.solve(params, grad, method="factored", return_info=return_info)
     if solver == "cg":
         try:
             return damped.solve(params, grad, method="cg", tol=tol, maxiter=maxiter, return_info=return_info)
@@ -381,7 +391,9 @@ def natural_gradient(
             damped.dense(params, max_size=max_size), grad, what=f"the {metric.name} metric", return_info=return_info
         )
     if solver != "pinv":
-        raise GeometryError(f"natural_gradient: solver must be 'cg', 'dense' or 'pinv', got {solver!r}.")
+        raise GeometryError(
+            f"natural_gradient: solver must be 'factored', 'cg', 'dense' or 'pinv', got {solver!r}."
+        )
     G = damped.dense(params, max_size=max_size)
     x = natural_parameter_gradient(G, grad, rcond=rcond)
     if not return_info:

@@ -282,16 +282,27 @@ def test_singular_factors_without_damping_raise_eagerly_and_give_nan_under_jit()
     assert int(info.status) == 0 and bool(info.converged)
 
 
-def test_natural_gradient_by_cg_agrees_with_the_factored_solve():
-    """natural_gradient's solver="cg" runs CG on the KFAC products (its documented solver); the exact
-    factored solve is M.with_damping(c).solve (or the metric= inverse of the estimators)."""
-    params, model, X = mlp(11, n=6)
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_natural_gradient_uses_the_factored_solve_and_cg_agrees(dtype):
+    """natural_gradient's default solver for a KFAC metric is its exact factored solve (the same
+    numbers as M.with_damping(c).solve, eagerly and under jit); solver="cg" runs CG on the KFAC
+    products and agrees to its tolerance; solver="factored" on a metric without factors raises."""
+    params, model, X = mlp(11, n=6, dtype=dtype)
     M = mg.kfac(model, "categorical", params, batch=(X, None))
     g = jax.tree_util.tree_map(jnp.ones_like, params)
-    ng = mg.natural_gradient(M, params, g, damping=0.1, tol=1e-10)
     x = M.with_damping(0.1).solve(params, g)
-    for a, b in zip(jax.tree_util.tree_leaves(ng), jax.tree_util.tree_leaves(x)):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-8, atol=1e-10)
+    default = mg.natural_gradient(M, params, g, damping=0.1)
+    jitted, info = jax.jit(lambda p, v: mg.natural_gradient(M, p, v, damping=0.1, return_info=True))(params, g)
+    assert int(info.status) == 0
+    by_cg = mg.natural_gradient(M, params, g, damping=0.1, solver="cg", tol=1e-10 if dtype == jnp.float64 else 1e-5)
+    for a, b, c, d in zip(*(jax.tree_util.tree_leaves(t) for t in (default, x, jitted, by_cg))):
+        np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+        np.testing.assert_allclose(np.asarray(c), np.asarray(b), rtol=tol(dtype), atol=tol(dtype))
+        # CG stops at a relative residual of tol: the error is at most cond(M + 0.1 I) times that
+        cg_err = 1e-6 if dtype == jnp.float64 else 1e-2
+        np.testing.assert_allclose(np.asarray(d), np.asarray(b), rtol=cg_err, atol=cg_err * float(jnp.max(jnp.abs(b))))
+    with pytest.raises(mg.GeometryError, match="solver='factored' needs a metric with a factored inverse"):
+        mg.natural_gradient(mg.ggn(lambda p: model(p, X), lambda z: jnp.mean(z**2)), params, g, solver="factored")
 
 
 # ---------------------------------------------------------------------------

@@ -747,3 +747,40 @@ def test_layer_norm_and_gelu_derivatives_against_finite_differences():
         plus, minus = fn(x + h * dx, s + h * ds, b + h * db), fn(x - h * dx, s - h * ds, b - h * db)
         fd2 = (plus - 2 * fn(x, s, b) + minus) / h**2
         np.testing.assert_allclose(d2, fd2, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+def test_move_along_symmetries_keeps_the_function_and_the_pair_products(dtype):
+    """mm.vit_move_along_symmetries: the logits are unchanged (float64 to 1e-9, float32 to a few
+    hundred eps times the condition numbers), W_q W_k^T and W_v W_o^T are unchanged per head while
+    the leaves move, and wrong group-element shapes are refused."""
+    c = TOY
+    params = randomized_params(c, seed=5, dtype=dtype)
+    r = rng(6)
+    shape = (c.depth, c.heads)
+    group = lambda s: jnp.asarray(
+        np.stack([random_invertible(r, c.head_dim) * s for _ in range(math.prod(shape))]).reshape(
+            shape + (c.head_dim, c.head_dim)
+        ),
+        dtype,
+    )
+    A_qk, A_vo = group(2.0), group(0.5)
+    d_ln2 = jnp.asarray(r.uniform(0.3, 3.0, size=(c.depth, c.width)), dtype)
+    d_final = jnp.asarray(r.uniform(0.3, 3.0, size=c.width), dtype)
+    moved = mm.vit_move_along_symmetries(params, A_qk, A_vo, ln2_scale=d_ln2, final_scale=d_final)
+    images = jnp.asarray(r.normal(size=(6, 8, 8, 1)), dtype)
+    before, after = mm.vit_apply(params, images, c), mm.vit_apply(moved, images, c)
+    cond = float(np.max(np.linalg.cond(np.asarray(A_qk, np.float64)))) * float(
+        np.max(np.linalg.cond(np.asarray(A_vo, np.float64)))
+    )
+    tol = 1e-9 if dtype == jnp.float64 else 300 * float(jnp.finfo(dtype).eps) * cond
+    np.testing.assert_allclose(after, before, rtol=tol, atol=tol * float(jnp.max(jnp.abs(before))))
+    a, m = params["blocks"]["attn"], moved["blocks"]["attn"]
+    T = lambda M: jnp.swapaxes(M, -1, -2)
+    for G, H in (("W_q", "W_k"), ("W_v", "W_o")):
+        np.testing.assert_allclose(m[G] @ T(m[H]), a[G] @ T(a[H]), rtol=tol, atol=tol)
+        assert float(jnp.max(jnp.abs(m[G] - a[G]))) > 0.1  # the leaves did move
+    with pytest.raises(mg.GeometryError, match="A_vo has shape"):
+        mm.vit_move_along_symmetries(params, A_qk, A_vo[..., :2, :2])
+    with pytest.raises(mg.GeometryError, match="ln2_scale has shape"):
+        mm.vit_move_along_symmetries(params, A_qk, A_vo, ln2_scale=d_final)

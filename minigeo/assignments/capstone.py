@@ -10,7 +10,7 @@ import numpy as np
 from scipy.stats import rankdata
 
 from .. import models as mm
-from ..models.vit import multi_head_attention
+from ..models.vit import multi_head_attention, vit_move_along_symmetries
 from ..sharpness import adaptive_sharpness, geodesic_sharpness
 from ..stats import kendall_tau, kendall_tau_ci
 from . import _kit
@@ -51,13 +51,7 @@ def _group_elements(key: jax.Array, config: mm.ViTConfig, scale: float = 1.0) ->
 
 def _move(params: dict, A_qk: jax.Array, A_vo: jax.Array) -> dict:
     """The reference move (G, H) -> (G A^-1, H A^T) on both pairs of every head (chapter 7)."""
-    inv, T = jnp.linalg.inv, lambda M: jnp.swapaxes(M, -1, -2)
-    a = dict(params["blocks"]["attn"])
-    a["W_q"], a["b_q"] = a["W_q"] @ inv(A_qk), jnp.einsum("lhe,lhef->lhf", a["b_q"], inv(A_qk))
-    a["W_k"], a["b_k"] = a["W_k"] @ T(A_qk), jnp.einsum("lhe,lhfe->lhf", a["b_k"], A_qk)
-    a["W_v"], a["b_v"] = a["W_v"] @ inv(A_vo), jnp.einsum("lhe,lhef->lhf", a["b_v"], inv(A_vo))
-    a["W_o"] = a["W_o"] @ T(A_vo)
-    return dict(params, blocks=dict(params["blocks"], attn=a))
+    return vit_move_along_symmetries(params, A_qk, A_vo)
 
 
 def _diagnose_move(p: dict, got: dict, A_qk: jax.Array, A_vo: jax.Array) -> str | None:

@@ -51,6 +51,7 @@ __all__ = [
     "vit_apply",
     "vit_num_params",
     "vit_symmetry_spec",
+    "vit_move_along_symmetries",
 ]
 
 _ATTENTION_KEYS = ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")
@@ -529,3 +530,103 @@ def vit_symmetry_spec(params: PyTree, *, eps: float = 0.0) -> SymmetrySpec:
         pairs.append((with_bias(p("W_v"), p("b_v")), p("W_o")))
         redundant.append(p("b_k"))
     return symmetry_spec(params, pairs, redundant=redundant, eps=eps)
+
+
+def vit_move_along_symmetries(
+    params: PyTree,
+    A_qk: jax.Array,
+    A_vo: jax.Array,
+    *,
+    ln2_scale: jax.Array | None = None,
+    final_scale: jax.Array | None = None,
+) -> PyTree:
+    r"""Move ViT parameters along the symmetries of :func:`vit_symmetry_spec`: the same function.
+
+    .. math::
+
+        \Big(\tbinom{W_q^i}{b_q^{i\top}},\ W_k^i\Big) \to \Big(\tbinom{W_q^i}{b_q^{i\top}} A^{-1},\ W_k^i A^\top\Big),\qquad
+        \Big(\tbinom{W_v^i}{b_v^{i\top}},\ W_o^i\Big) \to \Big(\tbinom{W_v^i}{b_v^{i\top}} B^{-1},\ W_o^i B^\top\Big),
+
+    per head :math:`i` and layer, with the key bias moved as :math:`b_k \to A\,b_k` (it does not
+    change the function either); optionally also the GL(1) rescalings of two LayerNorms,
+    :math:`(\gamma, \beta) \to d\odot(\gamma, \beta)` with the next layer's input rows divided by
+    :math:`d` (the MLP's first layer after ``ln2``, the head after ``ln_final``).
+
+    Parameters
+    ----------
+    params : dict
+        ViT parameters in :func:`init_vit`'s layout.
+    A_qk, A_vo : jax.Array
+        Invertible matrices of shape ``(depth, heads, head_dim, head_dim)`` for the (query, key) and
+        (value, output) pairs of every head.
+    ln2_scale : jax.Array, optional
+        Nonzero scales of shape ``(depth, width)`` for every block's second LayerNorm.
+    final_scale : jax.Array, optional
+        Nonzero scales of shape ``(width,)`` for the final LayerNorm.
+
+    Returns
+    -------
+    dict
+        The moved parameters: ``vit_apply`` gives the same logits (up to round-off).
+
+    Raises
+    ------
+    GeometryError
+        If a group element's shape does not match the parameters.
+
+    Examples
+    --------
+    >>> import jax, jax.numpy as jnp
+    >>> import minigeo.models as mm
+    >>> cfg = mm.ViTConfig(image_size=8, patch_size=4, channels=1, num_classes=3,
+    ...                    width=8, depth=1, heads=2, mlp_dim=16)
+    >>> p = mm.init_vit(jax.random.PRNGKey(0), cfg)
+    >>> A = jnp.broadcast_to(2.0 * jnp.eye(4) + jnp.triu(jnp.ones((4, 4)), 1), (1, 2, 4, 4))
+    >>> moved = mm.vit_move_along_symmetries(p, A, A)
+    >>> x = jax.random.normal(jax.random.PRNGKey(1), (2, 8, 8, 1))
+    >>> bool(jnp.allclose(mm.vit_apply(moved, x, cfg), mm.vit_apply(p, x, cfg), atol=1e-5))
+    True
+
+    References
+    ----------
+    da Silva, Dangel & Oore (2025), *Hide & Seek*, App. C.1 (symmetries 1 and 2 per head) and
+    Example A.1 (biases). Taught in chapter 7, *Capstone: geodesic sharpness of vision
+    transformers*.
+    """
+    attn = params["blocks"]["attn"]
+    want = tuple(jnp.shape(attn["W_q"])[:2]) + (jnp.shape(attn["W_q"])[-1],) * 2
+    for name, A in (("A_qk", A_qk), ("A_vo", A_vo)):
+        if tuple(jnp.shape(A)) != want:
+            raise GeometryError(
+                f"vit_move_along_symmetries: {name} has shape {tuple(jnp.shape(A))}; the attention needs "
+                f"(depth, heads, head_dim, head_dim) = {want}."
+            )
+    inv, T = jnp.linalg.inv, lambda M: jnp.swapaxes(M, -1, -2)
+    a = dict(attn)
+    a["W_q"], a["b_q"] = a["W_q"] @ inv(A_qk), jnp.einsum("lhe,lhef->lhf", a["b_q"], inv(A_qk))
+    a["W_k"], a["b_k"] = a["W_k"] @ T(A_qk), jnp.einsum("lhe,lhfe->lhf", a["b_k"], A_qk)
+    a["W_v"], a["b_v"] = a["W_v"] @ inv(A_vo), jnp.einsum("lhe,lhef->lhf", a["b_v"], inv(A_vo))
+    a["W_o"] = a["W_o"] @ T(A_vo)
+    blocks = dict(params["blocks"], attn=a)
+    out = dict(params, blocks=blocks)
+    if ln2_scale is not None:
+        d = jnp.asarray(ln2_scale)
+        if d.shape != jnp.shape(blocks["mlp"]["fc1"]["kernel"])[:2]:
+            raise GeometryError(
+                f"vit_move_along_symmetries: ln2_scale has shape {d.shape}; it needs (depth, width) = "
+                f"{tuple(jnp.shape(blocks['mlp']['fc1']['kernel'])[:2])}."
+            )
+        mlp = blocks["mlp"]
+        fc1 = dict(mlp["fc1"], kernel=mlp["fc1"]["kernel"] / d[..., None])
+        blocks = dict(blocks, ln2={k: v * d for k, v in blocks["ln2"].items()}, mlp=dict(mlp, fc1=fc1))
+        out = dict(out, blocks=blocks)
+    if final_scale is not None:
+        d = jnp.asarray(final_scale)
+        if d.shape != jnp.shape(params["head"]["kernel"])[:1]:
+            raise GeometryError(
+                f"vit_move_along_symmetries: final_scale has shape {d.shape}; it needs (width,) = "
+                f"{tuple(jnp.shape(params['head']['kernel'])[:1])}."
+            )
+        head = dict(params["head"], kernel=params["head"]["kernel"] / d[:, None])
+        out = dict(out, ln_final={k: v * d for k, v in params["ln_final"].items()}, head=head)
+    return out
