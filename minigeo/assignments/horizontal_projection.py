@@ -106,7 +106,8 @@ def check_quotient_metric(
     Examples
     --------
     >>> import jax.numpy as jnp
-    >>> from minigeo import assignments, gl_metric
+    >>> from minigeo import assignments
+    >>> from minigeo.quotient import gl_metric
     >>> assignments.check_quotient_metric(lambda G, H, e, z: gl_metric((G, H), e, z)).passed
     PASS quotient metric (15): ...
     True
@@ -164,7 +165,8 @@ def check_horizontal_projection(
 
     Examples
     --------
-    >>> from minigeo import assignments, horizontal_projection
+    >>> from minigeo import assignments
+    >>> from minigeo.quotient import horizontal_projection
     >>> project = lambda G, H, xi: horizontal_projection((G, H), xi)
     >>> assignments.check_horizontal_projection(project).passed
     PASS horizontal_projection: ...
