@@ -1,9 +1,9 @@
-r"""The one metric type, :class:`Metric`, and its converter :func:`as_metric` (floor 1, chapter 2).
+r"""The one metric type, :class:`~minigeo.Metric`, and its converter :func:`as_metric` (floor 1, chapter 2).
 
 A metric field :math:`\theta \mapsto G(\theta)` given by matrix-vector products, a pytree whose
-only leaf is its damping; the simple fields (:func:`euclidean`, :func:`diagonal`, :func:`dense`);
+only leaf is its damping; the simple fields (:func:`euclidean`, :func:`~minigeo.metrics.diagonal`, :func:`dense`);
 and :func:`as_metric`, which turns a matrix, a matrix field, a product function or an operator at
-one point into a :class:`Metric`.  It sits below every module that takes a metric
+one point into a :class:`~minigeo.Metric`.  It sits below every module that takes a metric
 (:mod:`minigeo.coords` evaluates it at a point, :mod:`minigeo.metrics` builds the pullback family
 on it, the floors above solve with it); re-exported by :mod:`minigeo.metrics` and :mod:`minigeo`.
 """
@@ -65,16 +65,16 @@ class Metric:
     compiled : bool, optional
         ``True`` (default): eager :meth:`mv` calls are traced afresh and compiled once per traced
         program (see *Compilation* below).  ``False``: run ``mv_fn`` op by op, for product
-        functions whose value checks need concrete arrays (:func:`diagonal`, :func:`dense`).
+        functions whose value checks need concrete arrays (:func:`~minigeo.metrics.diagonal`, :func:`dense`).
     diagonal_fn : callable, optional
         A structure tag (as lineax's): ``params -> w``, the positive diagonal of :math:`G(\theta)`
-        as a pytree like the parameters, when the metric is diagonal (:func:`diagonal`,
+        as a pytree like the parameters, when the metric is diagonal (:func:`~minigeo.metrics.diagonal`,
         :func:`euclidean`).  Solves with :math:`G + \epsilon I` are then exact and elementwise,
         :math:`v / (w + \epsilon)`, instead of conjugate gradients.
     solve_fn : callable, optional
         A structure tag: ``(params, rhs, damping) -> (x, status)`` with :math:`x = (G(\theta) +
         \epsilon I)^{-1}\,\mathrm{rhs}` exactly, for a metric with a factored inverse (the
-        Kronecker-factored metrics of :mod:`minigeo.kronecker`), and a :class:`~minigeo.Status` code
+        Kronecker-factored metrics of ``minigeo.kronecker``), and a :class:`~minigeo.Status` code
         (``x`` NaN unless it is 0).  :meth:`solve` then uses it instead of conjugate gradients.
 
     Raises
@@ -487,7 +487,7 @@ def split_metric(metric: Metric | None) -> tuple[Any, Any, Any]:
     """``(callables, damping, name)`` of a metric for the compile layer (``None``: ``(None, None, None)``).
 
     A compiled entry takes the callables as its user functions (traced afresh at each eager call)
-    and the damping as an argument, never the :class:`Metric` itself (whose pytree structure holds
+    and the damping as an argument, never the :class:`~minigeo.Metric` itself (whose pytree structure holds
     the callables): :func:`join_metric` rebuilds it inside the compiled work.
     """
     if metric is None:
@@ -718,12 +718,12 @@ _KINDS = ("matrix_field", "product", "operator")
 
 
 def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
-    r"""The one metric type: turn any way of giving a metric into a :class:`Metric`.
+    r"""The one metric type: turn any way of giving a metric into a :class:`~minigeo.Metric`.
 
     ================================  ==========================  ===========================================
     ``obj``                           ``kind``                    the metric field
     ================================  ==========================  ===========================================
-    a :class:`Metric`                 (any)                       itself
+    a :class:`~minigeo.Metric`                 (any)                       itself
     ``None``                          (any)                       :func:`~minigeo.euclidean`
     a square matrix :math:`M`         (any)                       the constant field :math:`G(\theta) = M`
     ``x -> G(x)`` (a matrix)          ``"matrix_field"``          :func:`~minigeo.metrics.dense` ``(obj)``
@@ -733,7 +733,7 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
 
     A callable alone is ambiguous (``x -> G(x)`` and ``v -> G v`` both take one argument), so
     ``kind`` must say which.  Every minigeo function that takes a metric accepts a
-    :class:`Metric`: the matrix-field functions of chapters 3 to 5 (:func:`~minigeo.christoffel_symbols`,
+    :class:`~minigeo.Metric`: the matrix-field functions of chapters 3 to 5 (:func:`~minigeo.christoffel_symbols`,
     :func:`~minigeo.riemannian_hessian`, :func:`~minigeo.hessian_endomorphism`, :func:`~minigeo.gram_matrix`,
     :func:`~minigeo.log_volume_element`, :func:`~minigeo.log_density_wrt_volume`,
     :func:`~minigeo.laplace_log_marginal_likelihood`) use its dense matrix, the matrix-free ones
@@ -745,7 +745,7 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
     Parameters
     ----------
     obj : :class:`~minigeo.Metric`, None, array or callable
-        A :class:`Metric`, ``None``, a square matrix, or a callable described by ``kind``.
+        A :class:`~minigeo.Metric`, ``None``, a square matrix, or a callable described by ``kind``.
     kind : {"matrix_field", "product", "operator"}, optional
         Needed for callables only.
 
@@ -802,7 +802,7 @@ def as_metric(obj: Any, *, kind: str | None = None) -> Metric:
     )
 
 
-#: How to turn other objects into a :class:`Metric` (the hint of every error about a ``metric=``).
+#: How to turn other objects into a :class:`~minigeo.Metric` (the hint of every error about a ``metric=``).
 HOW_TO_MAKE_A_METRIC = (
     "Pass a Metric, or None for the Euclidean metric: mg.metrics.dense(lambda x: G(x)) for a matrix field, "
     "mg.metrics.dense(M) (or M itself) for a constant square matrix, mg.metrics.diagonal(w) for positive "
@@ -812,7 +812,7 @@ HOW_TO_MAKE_A_METRIC = (
 
 
 def metric_field(metric: Any, who: str) -> Metric | None:
-    """The one reading of every ``metric=`` argument: a :class:`Metric`, ``None``, or a constant square matrix.
+    """The one reading of every ``metric=`` argument: a :class:`~minigeo.Metric`, ``None``, or a constant square matrix.
 
     Anything else (a callable, a pytree of weights) raises, naming the explicit constructor: a bare
     callable would be ambiguous (``x -> G(x)`` or ``v -> G v``), a bare pytree a guess (diagonal).

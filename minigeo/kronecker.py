@@ -440,7 +440,7 @@ def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks:
 
 
 def kronecker_eigenbasis(metric: Metric) -> list[KroneckerEigenbasis]:
-    r"""The eigenbasis and eigenvalues of every layer's block of a :func:`kfac` or :func:`ekfac` metric.
+    r"""The eigenbasis and eigenvalues of every layer's block of a :func:`~minigeo.kfac` or :func:`~minigeo.ekfac` metric.
 
     .. math:: G_\ell = (Q_{A,\ell}\otimes Q_{B,\ell})\,\mathrm{diag}(s_\ell)\,(Q_{A,\ell}\otimes Q_{B,\ell})^\top,
 
@@ -450,7 +450,7 @@ def kronecker_eigenbasis(metric: Metric) -> list[KroneckerEigenbasis]:
     Parameters
     ----------
     metric : :class:`~minigeo.Metric`
-        A metric made by :func:`kfac` or :func:`ekfac` (its damping is not included).
+        A metric made by :func:`~minigeo.kfac` or :func:`~minigeo.ekfac` (its damping is not included).
 
     Returns
     -------
@@ -512,12 +512,12 @@ def kfac_factors(
 
     .. math:: A = \frac1N\sum_n \bar x_n \bar x_n^\top,\qquad B = c\sum_n\sum_r g_{n,r} g_{n,r}^\top,
 
-    the factors of :func:`kfac` (same arguments), for inspection and for building on them.
+    the factors of :func:`~minigeo.kfac` (same arguments), for inspection and for building on them.
 
     Parameters
     ----------
     model_fn, likelihood, params, batch, reduction, mc_samples, key
-        As in :func:`kfac`.
+        As in :func:`~minigeo.kfac`.
 
     Returns
     -------
@@ -527,7 +527,7 @@ def kfac_factors(
     Raises
     ------
     GeometryError
-        As :func:`kfac`.
+        As :func:`~minigeo.kfac`.
 
     Examples
     --------
@@ -581,7 +581,7 @@ def kfac(
     ``method="factored"``), never forming a :math:`d\times d` matrix.  Exact (equal to the block of
     the GGN) for one example, ``N = 1``, and more generally whenever
     :math:`\bar x_n \bar x_n^\top` or :math:`\sum_r g_{n,r}g_{n,r}^\top` is the same for every example.
-    Which parameters count as dense layers, and what happens to the others: see :mod:`minigeo.kronecker`.
+    Which parameters count as dense layers, and what happens to the others: see ``minigeo.kronecker``.
 
     Parameters
     ----------
@@ -665,27 +665,27 @@ def ekfac(
     .. math:: G(\theta) \approx \mathrm{blockdiag}_\ell\,(Q_A\otimes Q_B)\,\mathrm{diag}(s)\,(Q_A\otimes Q_B)^\top,
         \qquad s_{ij} = c\sum_n (q_{A,i}^\top \bar x_n)^2 \sum_r (q_{B,j}^\top g_{n,r})^2,
 
-    :math:`Q_A, Q_B` the eigenvectors of :func:`kfac`'s factors of each layer, :math:`\bar x_n` and
+    :math:`Q_A, Q_B` the eigenvectors of :func:`~minigeo.kfac`'s factors of each layer, :math:`\bar x_n` and
     :math:`g_{n,r}` as there.  :math:`s` is the diagonal of the exact GGN / Fisher block in that
     basis, so EKFAC is the nearest matrix to the exact block (Frobenius norm) with KFAC's
     eigenvectors, never farther from it than KFAC.  A function of its own, as :func:`~minigeo.ggn`,
     :func:`~minigeo.fisher` and :func:`~minigeo.empirical_fisher` are (one name per matrix computed),
-    with :func:`kfac`'s arguments; products and solves cost the same as KFAC's solves.
+    with :func:`~minigeo.kfac`'s arguments; products and solves cost the same as KFAC's solves.
 
     Parameters
     ----------
     model_fn, likelihood, params, batch, reduction, mc_samples, key
-        As in :func:`kfac`.
+        As in :func:`~minigeo.kfac`.
 
     Returns
     -------
     :class:`~minigeo.Metric`
-        Named ``"EKFAC (<likelihood>)"``; exact factored solves, as :func:`kfac`'s.
+        Named ``"EKFAC (<likelihood>)"``; exact factored solves, as :func:`~minigeo.kfac`'s.
 
     Raises
     ------
     GeometryError
-        As :func:`kfac`.
+        As :func:`~minigeo.kfac`.
 
     Examples
     --------

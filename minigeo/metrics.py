@@ -11,9 +11,9 @@ constructor                                 :math:`G(\theta)`
 :func:`diagonal` ``(weights)``              :math:`\mathrm{diag}(w)`
 :func:`dense` ``(matrix_fn)``               any user matrix field
 :func:`pullback` ``(f, metric)``            :math:`J_f^\top G_z J_f` (Grosse 2022, "pullback metric")
-:func:`ggn` ``(model_fn, loss_fn)``         :math:`J^\top H_z J`, :math:`H_z = \nabla_z^2 \ell` (Kristiadi et al. 2023, eq. 3)
-:func:`fisher` ``(model_fn, likelihood)``   :math:`J^\top F_z J`, :math:`F_z` the output-space Fisher (exact or Monte Carlo)
-:func:`empirical_fisher` ``(model_fn, l)``  :math:`\frac1N\sum_n J_n^\top g_n g_n^\top J_n`, :math:`g_n = \nabla_{z_n}\ell_n` at the training targets
+:func:`~minigeo.ggn` ``(model_fn, loss_fn)``         :math:`J^\top H_z J`, :math:`H_z = \nabla_z^2 \ell` (Kristiadi et al. 2023, eq. 3)
+:func:`~minigeo.fisher` ``(model_fn, likelihood)``   :math:`J^\top F_z J`, :math:`F_z` the output-space Fisher (exact or Monte Carlo)
+:func:`~minigeo.empirical_fisher` ``(model_fn, l)``  :math:`\frac1N\sum_n J_n^\top g_n g_n^\top J_n`, :math:`g_n = \nabla_{z_n}\ell_n` at the training targets
 ==========================================  ==============================================================
 
 Products go jvp → output-space product → vjp, so the :math:`N k \times d`
@@ -26,7 +26,7 @@ Exact diagonals, as references for the Hutchinson ``diagonal_estimate`` where th
 dimension is small: :func:`ggn_diagonal`, :func:`fisher_diagonal` and
 :func:`empirical_fisher_diagonal` (one backward pass per example and output).
 
-Conventions: for :func:`fisher` and :func:`empirical_fisher` the model output is
+Conventions: for :func:`~minigeo.fisher` and :func:`~minigeo.empirical_fisher` the model output is
 an array whose leading axis is the batch; ``reduction="mean"`` divides by the
 batch size (matching a mean loss), ``"sum"`` does not.
 """
@@ -456,7 +456,7 @@ def empirical_fisher(
     .. math:: \hat F(\theta) = c\sum_n J_n^\top g_n g_n^\top J_n,\qquad g_n = \nabla_{z_n}\ell(z_n, y_n),
         \quad c = 1/N \text{ or } 1.
 
-    The outer product of per-example gradients.  Unlike :func:`fisher` it does
+    The outer product of per-example gradients.  Unlike :func:`~minigeo.fisher` it does
     not sample targets from the model, and it is *not* a curvature
     approximation in general (Grosse 2022; Kunstner et al. 2019).
 
@@ -613,7 +613,7 @@ def ggn_diagonal(
     .. math:: \mathrm{diag}\big(J^\top H_z J\big) = \sum_{k=1}^{K} (J^\top e_k) \odot (J^\top H_z e_k)
 
     over the :math:`K` entries of the outputs of the whole batch, :math:`H_z = \nabla_z^2\,\ell(z)`
-    at :math:`z = f(\theta)`: the diagonal of :func:`ggn` with the same ``model_fn``, ``loss_fn`` and
+    at :math:`z = f(\theta)`: the diagonal of :func:`~minigeo.ggn` with the same ``model_fn``, ``loss_fn`` and
     ``batch``, at ``params`` (the arguments of :func:`~minigeo.operators.ggn_operator`).  One vector-Jacobian
     product per output entry (:math:`J^\top e_k`, ``vmap``-ed) and the dense :math:`K \times K`
     output Hessian: the cost is :math:`K` = examples :math:`\times` outputs per example backward
@@ -632,7 +632,7 @@ def ggn_diagonal(
     params : pytree
         The point :math:`\theta`.
     batch : tuple, optional
-        ``(inputs, targets)``, as in :func:`ggn`.
+        ``(inputs, targets)``, as in :func:`~minigeo.ggn`.
 
     Returns
     -------
@@ -694,7 +694,7 @@ def fisher_diagonal(
     :math:`c = 1/N` or :math:`1`, with the symmetric factor :math:`S = \mathrm{diag}(\sqrt p) - p\sqrt p^{\,\top}` of
     :math:`\mathrm{diag}(p) - pp^\top` for ``"categorical"`` (closed form) and
     :math:`Q\Lambda^{1/2}` from the eigendecomposition of the output Fisher otherwise
-    (:math:`I/\sigma` for ``"gaussian"``).  The metric of :func:`fisher` (exact, not Monte Carlo),
+    (:math:`I/\sigma` for ``"gaussian"``).  The metric of :func:`~minigeo.fisher` (exact, not Monte Carlo),
     with the arguments of :func:`~minigeo.operators.fisher_operator`.  One vector-Jacobian product per
     example and output (``vmap``-ed): the cost is examples :math:`\times` outputs backward passes,
     memory that many copies of ``params``.  With ``batch``, each pass differentiates one example
@@ -712,11 +712,11 @@ def fisher_diagonal(
     params : pytree
         The point :math:`\theta`.
     likelihood : {"categorical", "gaussian"} or :class:`~minigeo.Likelihood`, optional
-        As in :func:`fisher`; a custom one must act example by example.
+        As in :func:`~minigeo.fisher`; a custom one must act example by example.
     batch : tuple, optional
-        ``(inputs, targets)`` (the targets are not used), as in :func:`fisher`.
+        ``(inputs, targets)`` (the targets are not used), as in :func:`~minigeo.fisher`.
     reduction : {"mean", "sum"}, optional
-        ``"mean"`` divides by the batch size (as :func:`fisher`), ``"sum"`` does not.
+        ``"mean"`` divides by the batch size (as :func:`~minigeo.fisher`), ``"sum"`` does not.
 
     Returns
     -------
@@ -776,7 +776,7 @@ def empirical_fisher_diagonal(
     .. math:: \mathrm{diag}\,\hat F(\theta) = c\sum_n \big(J_n^\top g_n\big)^{\odot 2}
         = c\sum_n \big(\nabla_\theta \ell(z_n, y_n)\big)^{\odot 2},
 
-    :math:`g_n = \nabla_{z_n}\ell(z_n, y_n)`, :math:`c = 1/N` or :math:`1`.  The metric of :func:`empirical_fisher`, with the arguments of
+    :math:`g_n = \nabla_{z_n}\ell(z_n, y_n)`, :math:`c = 1/N` or :math:`1`.  The metric of :func:`~minigeo.empirical_fisher`, with the arguments of
     :func:`~minigeo.operators.empirical_fisher_operator`.  One vector-Jacobian product per example
     (``vmap``-ed), memory one copy of ``params`` per example; pure and ``jit``-compatible.  With
     ``batch``, each product differentiates one example alone (``model_fn(params, x_n[None])``): the
@@ -793,9 +793,9 @@ def empirical_fisher_diagonal(
     params : pytree
         The point :math:`\theta`.
     batch : tuple, optional
-        ``(inputs, targets)``, as in :func:`empirical_fisher`.
+        ``(inputs, targets)``, as in :func:`~minigeo.empirical_fisher`.
     reduction : {"mean", "sum"}, optional
-        ``"mean"`` (default, as :func:`empirical_fisher`) divides by :math:`N`.
+        ``"mean"`` (default, as :func:`~minigeo.empirical_fisher`) divides by :math:`N`.
 
     Returns
     -------

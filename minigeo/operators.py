@@ -146,7 +146,7 @@ def _num_examples(batch: Batch, who: str, examples: Callable[[Batch], Any] | Non
     """The number of examples of a batch: ``examples(batch)``, or the leading axis that every leaf shares.
 
     Without an ``examples`` rule every leaf must have a leading axis and all must agree on its
-    length (else :class:`GeometryError` naming the leaves and their sizes): a leaf that is not
+    length (else :class:`~minigeo.GeometryError` naming the leaves and their sizes): a leaf that is not
     per-example (a shared mask, a temperature) would otherwise silently set the weight of the batch.
     """
     if examples is not None:
@@ -247,7 +247,7 @@ class CurvatureOperator:
     **Batches.**  A batch is any pytree the per-batch product accepts.  Its number of examples
     :math:`n_b` comes from one explicit rule: ``examples(batch)`` if given, else the common
     length of the leading axes of all its leaves; leaves that disagree raise
-    :class:`GeometryError` naming each leaf and its size (the count is never read off one leaf).
+    :class:`~minigeo.GeometryError` naming each leaf and its size (the count is never read off one leaf).
     **Passes.**  Every pass over the data (:meth:`dataset_mv`, :meth:`trace_estimate`,
     :meth:`top_eigenvalues`, :meth:`logdet_slq`) takes a finite sized sequence (a list,
     :func:`~minigeo.operators.batches_of`, or a function returning one), or any iterable with

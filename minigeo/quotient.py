@@ -567,7 +567,7 @@ def gl1_horizontal_projection(point: Pair, xi: Pair) -> Pair:
 
     .. math:: \xi^{\mathrm H} = (\xi_u + u\omega,\; \xi_v - v\omega),\qquad \omega = \tfrac12\big(\xi_v/v - \xi_u/u\big),
 
-    removing the vertical direction :math:`(-u\omega, v\omega)` (orthogonal for :func:`gl1_metric`).
+    removing the vertical direction :math:`(-u\omega, v\omega)` (orthogonal for :func:`~minigeo.quotient.gl1_metric`).
 
     Parameters
     ----------
@@ -604,7 +604,7 @@ def gl1_horizontal_projection(point: Pair, xi: Pair) -> Pair:
 
 
 def gl1_geodesic(point: Pair, xi: Pair, t: float = 1.0) -> Pair:
-    r"""The exact geodesic of the GL(1) metric :func:`gl1_metric`.
+    r"""The exact geodesic of the GL(1) metric :func:`~minigeo.quotient.gl1_metric`.
 
     .. math:: u(t) = u\,e^{t\,\xi_u/u},\qquad v(t) = v\,e^{t\,\xi_v/v}.
 

@@ -1,6 +1,6 @@
 r"""The specification types of :mod:`minigeo.sharpness`: which symmetries to quotient out, and the result.
 
-* :class:`SymmetrySpec` (built by :func:`symmetry_spec`): the GL(h) pairs (a side may carry a bias,
+* :class:`SymmetrySpec` (built by :func:`~minigeo.symmetry_spec`): the GL(h) pairs (a side may carry a bias,
   :func:`with_bias` / :class:`WithBias`), the element-wise GL(1) pairs and the redundant leaves of a
   parameter pytree, by leaf index;
 * :class:`SharpnessResult`: what :func:`~minigeo.adaptive_sharpness` and
@@ -32,7 +32,7 @@ class SymmetrySpec(NamedTuple):
     element-wise GL(1) pairs ``(u, v)`` are used as ``u * v`` (e.g. diagonal networks); all other
     leaves are treated element-wise by the adaptive recipe.  ``redundant`` leaves are ones the
     network function does not depend on at all (e.g. attention's key bias): no sharpness measure
-    perturbs them.  Build it with :func:`symmetry_spec`, which checks the paths and shapes.
+    perturbs them.  Build it with :func:`~minigeo.symmetry_spec`, which checks the paths and shapes.
 
     Attributes
     ----------
@@ -114,7 +114,7 @@ def with_bias(weight: Path, bias: Path) -> WithBias:
     .. math:: XW_q + \mathbf 1 b_q^\top = [X\ \mathbf 1]\begin{pmatrix} W_q \\ b_q^\top \end{pmatrix},
 
     so the symmetry :math:`(G, H) \mapsto (GA^{-1}, HA^\top)` acts on the weight and its bias together:
-    pass ``with_bias(("W_q",), ("b_q",))`` as a side in :func:`symmetry_spec`.
+    pass ``with_bias(("W_q",), ("b_q",))`` as a side in :func:`~minigeo.symmetry_spec`.
 
     Parameters
     ----------
@@ -275,7 +275,7 @@ STATUS_SINGULAR_PAIR = Status.ILL_CONDITIONED_PAIR
 STATUS_NON_FINITE = Status.NON_FINITE
 STATUS_BAD_RHO = Status.RHO_OUT_OF_RANGE
 
-#: Default accuracy (relative) that :func:`geodesic_sharpness` requires of its factorization of metric (15).
+#: Default accuracy (relative) that :func:`~minigeo.geodesic_sharpness` requires of its factorization of metric (15).
 DEFAULT_RTOL = 1e-2
 
 class SharpnessResult(NamedTuple):
@@ -299,8 +299,8 @@ class SharpnessResult(NamedTuple):
         rank-deficient pairs included), ``3`` (``Status.NON_FINITE``, alias ``STATUS_NON_FINITE``: the
         loss or its gradient was NaN/inf at the base point or during the search) or ``7``
         (``Status.RHO_OUT_OF_RANGE``, alias ``STATUS_BAD_RHO``: a traced ``rho`` above ``1/eps`` of the
-        loss's dtype, see :func:`adaptive_sharpness`).  Called eagerly,
-        :func:`adaptive_sharpness` and :func:`geodesic_sharpness` raise :class:`GeometryError` instead;
+        loss's dtype, see :func:`~minigeo.adaptive_sharpness`).  Called eagerly,
+        :func:`~minigeo.adaptive_sharpness` and :func:`~minigeo.geodesic_sharpness` raise :class:`~minigeo.GeometryError` instead;
         under ``jax.jit`` they cannot raise, so check ``result.status`` (or ``result.ok``) yourself.
     error_bound : jax.Array
         Scalar: a first-order bound on the relative error of ``sharpness`` caused by the dtype in the
@@ -308,7 +308,7 @@ class SharpnessResult(NamedTuple):
         \varepsilon_{\text{dtype}}` (the thin SVD of a side loses :math:`\mathrm{cond}\,\varepsilon` and the
         condition number enters the result once); :math:`\varepsilon_{\text{dtype}}` when there is no
         GL(h) pair (adaptive sharpness).  It does not include the optimization gap of Auto-PGD.
-        :func:`geodesic_sharpness` accepts a point when ``error_bound <= rtol``.
+        :func:`~minigeo.geodesic_sharpness` accepts a point when ``error_bound <= rtol``.
 
     Examples
     --------
