@@ -568,8 +568,8 @@ def kfac(
 ) -> Metric:
     r"""The KFAC approximation of the GGN / Fisher: one Kronecker product per dense layer, block-diagonal.
 
-    .. math:: G(\theta) \approx \mathrm{blockdiag}_\ell\,(A_\ell \otimes B_\ell),\qquad
-        A_\ell = \frac1N\sum_n \bar x_n \bar x_n^\top,\quad B_\ell = c\sum_n\sum_r g_{n,r} g_{n,r}^\top,
+    .. math:: G(\theta) &\approx \mathrm{blockdiag}_\ell\,(A_\ell \otimes B_\ell),\\
+        A_\ell &= \frac1N\sum_n \bar x_n \bar x_n^\top,\quad B_\ell = c\sum_n\sum_r g_{n,r} g_{n,r}^\top,
 
     :math:`\bar x_n` the layer's input (with a 1 appended for a bias), :math:`g_{n,r} = J_{y_n}^\top
     S_n e_r` the columns of a square root :math:`S_n S_n^\top = F_{z_n}` of the output-space Fisher
