@@ -193,27 +193,9 @@ def test_key_bias_is_redundant_and_leaves_sharpness_unchanged():
 
 def act_per_head(params, A_qk, A_vo, d_ln2, d_final):
     """Random per-head GL(dh) elements on (q, k) and (v, o), plus GL(1) rescalings of LayerNorm channels
-    that the following linear layer undoes (LN2 -> fc1 and the final LN -> head)."""
-    inv, T = jnp.linalg.inv, lambda M: jnp.swapaxes(M, -1, -2)
-    out = jax.tree_util.tree_map(lambda x: x, params)
-    a = dict(params["blocks"]["attn"])
-    a["W_q"], a["b_q"] = a["W_q"] @ inv(A_qk), jnp.einsum("lhe,lhef->lhf", a["b_q"], inv(A_qk))
-    a["W_k"], a["b_k"] = a["W_k"] @ T(A_qk), jnp.einsum("lhe,lhfe->lhf", a["b_k"], A_qk)
-    a["W_v"], a["b_v"] = a["W_v"] @ inv(A_vo), jnp.einsum("lhe,lhef->lhf", a["b_v"], inv(A_vo))
-    a["W_o"] = a["W_o"] @ T(A_vo)
-    blocks = dict(params["blocks"], attn=a)
-    blocks["ln2"] = {
-        "scale": params["blocks"]["ln2"]["scale"] * d_ln2,
-        "bias": params["blocks"]["ln2"]["bias"] * d_ln2,
-    }
-    fc1 = params["blocks"]["mlp"]["fc1"]
-    blocks["mlp"] = dict(
-        params["blocks"]["mlp"], fc1={"kernel": fc1["kernel"] / d_ln2[..., None], "bias": fc1["bias"]}
-    )
-    out["blocks"] = blocks
-    out["ln_final"] = {k: v * d_final for k, v in params["ln_final"].items()}
-    out["head"] = {"kernel": params["head"]["kernel"] / d_final[:, None], "bias": params["head"]["bias"]}
-    return out
+    that the following linear layer undoes (LN2 -> fc1 and the final LN -> head): the library's move,
+    whose own test checks the unchanged logits and pair products."""
+    return mm.vit_move_along_symmetries(params, A_qk, A_vo, ln2_scale=d_ln2, final_scale=d_final)
 
 
 def test_geodesic_sharpness_gl_h_invariant_on_vit_adaptive_not():
