@@ -48,7 +48,7 @@ def _metric_inverse(
     if not strict:
         what = f"the {metric.name} metric"
         return lambda v: solve_spd_cg(metric.at(params), v, tol=tol, maxiter=maxiter, what=what)
-    return lambda v: cg_solve_or_nan(metric, params, v, tol, maxiter)[0]
+    return lambda v: solve_or_nan(metric, params, v, tol, maxiter)[0]
 
 
 def dense_factor(metric: Metric, params: PyTree) -> tuple[jax.Array, jax.Array]:
@@ -85,6 +85,15 @@ def _dense_inverse(metric: Metric, params: PyTree) -> Callable[[PyTree], PyTree]
         return unravel(jsl.cho_solve((L, True), flat.astype(L.dtype)).astype(flat.dtype))
 
     return apply
+
+
+def solve_or_nan(metric: Metric, params: PyTree, v: PyTree, tol: float, maxiter: int | None) -> tuple[PyTree, jax.Array]:
+    """``(G^{-1} v, status)`` for a metric without a diagonal or dense structure tag: through its factors
+    when it has a ``solve_fn`` (KFAC / EKFAC: exact, NaN and a status where a factor is singular),
+    by :func:`cg_solve_or_nan` otherwise.  The one place where such a solve is chosen."""
+    if metric.solve_fn is not None:
+        return metric.solve_fn(params, v, metric.damping)
+    return cg_solve_or_nan(metric, params, v, tol, maxiter)
 
 
 def cg_solve_or_nan(metric: Metric, params: PyTree, v: PyTree, tol: float, maxiter: int | None) -> tuple[PyTree, jax.Array]:

@@ -45,7 +45,7 @@ from ._estimators import (
     slq_quadrature,
     small_sample_factor,
 )
-from ._inverse import _CG_HINT, _compilable, _metric_inverse, cg_solve_or_nan, checked_dense_factor
+from ._inverse import _CG_HINT, _compilable, _metric_inverse, checked_dense_factor, solve_or_nan
 from ._status import Status, first_failure, raise_for_status
 from ._metric import Metric, join_metric, metric_field, split_metric
 from ._tree import PyTree, ravel, tree_size
@@ -183,7 +183,7 @@ def _duals(metric_fns: Any, params: PyTree, damping: Any, probes: PyTree, *, nam
     """``(G^{-1} z_i, status_i)`` for every stacked probe: NaN and the solve's status where CG failed
     (the metric as :func:`~minigeo._metric.split_metric`'s parts)."""
     metric = join_metric(metric_fns, damping, name)
-    return jax.lax.map(lambda z: cg_solve_or_nan(metric, params, z, tol, maxiter), probes)
+    return jax.lax.map(lambda z: solve_or_nan(metric, params, z, tol, maxiter), probes)
 
 
 _compiled_duals = jit_per_callable(_duals, static_argnames=("name", "tol", "maxiter"))
@@ -229,7 +229,7 @@ def hutchinson_trace(
         duals, statuses = run(fns, params, damping, probes, name=name, tol=tol, maxiter=maxiter)
         solve_status = first_failure(statuses)
         if is_concrete(solve_status):  # eagerly: raise from the solves' own status, before any product
-            raise_for_status(solve_status, who, detail=f"A conjugate-gradient solve with the {metric.name} metric failed.")
+            raise_for_status(solve_status, who, detail=f"A solve with the {metric.name} metric failed ({_solver_name(metric)}).")
     values = source.terms(probes, duals, batched)
     check_finite(values, f"The {source.name} products", hint=_CG_HINT)
     status = first_failure(solve_status, jnp.where(jnp.all(jnp.isfinite(values)), Status.OK, Status.NON_FINITE))
@@ -354,7 +354,7 @@ def _block_solves(metric_fns: Any, params: PyTree, damping: Any, V: jax.Array, *
     unravel = ravel(params)[1]
 
     def one(v: jax.Array) -> tuple[jax.Array, jax.Array]:
-        x, status = cg_solve_or_nan(metric, params, unravel(v), tol, maxiter)
+        x, status = solve_or_nan(metric, params, unravel(v), tol, maxiter)
         return ravel(x)[0], status
 
     return jax.vmap(one)(V)
@@ -392,6 +392,17 @@ def restart_blocks(k: int, p: int, m0: int) -> int:
     eager default: the reorthogonalization against a smaller basis costs less.
     """
     return min(m0, max(6, -(-4 * k // p)))
+
+
+def _solver_name(metric: Metric) -> str:
+    return "through its factors" if metric.solve_fn is not None else "conjugate gradients"
+
+
+def _solved_by_cg(metric: Metric | None) -> bool:
+    """Whether ``G^{-1}`` is applied by conjugate gradients: not for ``G = I``, a diagonal metric or a
+    factored one (KFAC / EKFAC: exact solves through the factors, NaN where one failed, so they run in
+    the device program like the diagonal's; eagerly a CG metric runs on the host, each block checked)."""
+    return metric is not None and metric.diagonal_fn is None and metric.solve_fn is None
 
 
 def certified_top(
@@ -445,7 +456,7 @@ def certified_top(
         run = host[0].projected(m, steps=source.steps) if source.steps is not None else host[0].projected(m)
         return (*run, host[0].basis(m)) if return_vectors else run
 
-    cg_metric = metric is not None and metric.diagonal_fn is None
+    cg_metric = _solved_by_cg(metric)
     # eagerly, a metric solved by CG runs on the host, where each block's solves are checked
     if source.fixed is not None and (not eager or (not cg_metric and (num_iterations is not None or compiled))):
         m0 = -(-min(d, default_num_products(k, p)) // p)
@@ -796,7 +807,7 @@ def slq_density(
             norm2 = jnp.sum(Z * Z, axis=1)
         else:
             norm2 = jnp.sum(Z * jax.vmap(lambda z: _flat_inverse(params, metric, z, tol, maxiter))(Z), axis=1)
-        cg_metric = metric is not None and metric.diagonal_fn is None
+        cg_metric = _solved_by_cg(metric)
         if source.fixed is not None and not eager:  # traced (under jit): every probe in one program
             T, alive = _per_probe(device_run(False), Z, vmapped=True)
         elif source.fixed is not None and not cg_metric:
@@ -858,7 +869,9 @@ def _flat_probes(probes: Any, params: PyTree, who: str) -> jax.Array:
 
 
 def _checked_inverse_block(metric: Metric | None, params: PyTree, tol: float, maxiter: Any, who: str):
-    """``V -> G^{-1} V`` row by row for a host Lanczos run: elementwise for a diagonal metric; else CG, each solve checked."""
+    """``V -> G^{-1} V`` row by row for a host Lanczos run: elementwise for a diagonal metric, one Cholesky
+    factor for a dense one; else each solve checked (:func:`~minigeo._inverse.solve_or_nan`: through the
+    factors of a KFAC / EKFAC metric, conjugate gradients otherwise)."""
     if metric is None:
         return None
     if metric.diagonal_fn is not None:
@@ -871,7 +884,7 @@ def _checked_inverse_block(metric: Metric | None, params: PyTree, tol: float, ma
         run = _compiled_block_solves if _compilable(metric) else _block_solves
         fns, damping, name = split_metric(metric)
         X, statuses = run(fns, params, damping, V, name=name, tol=tol, maxiter=maxiter)
-        raise_for_status(first_failure(statuses), who, detail=f"A conjugate-gradient solve with the {metric.name} metric failed.")
+        raise_for_status(first_failure(statuses), who, detail=f"A solve with the {metric.name} metric failed ({_solver_name(metric)}).")
         return X
 
     return ginv_block

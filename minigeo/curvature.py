@@ -836,7 +836,8 @@ def top_eigenvalues(
     rtol : float or None, optional
         Certification tolerance relative to the largest returned magnitude; ``None`` turns it off.
     tol : float, optional
-        Relative tolerance of the conjugate-gradient solves with a Metric.
+        Relative tolerance of the conjugate-gradient solves with a Metric (a diagonal, dense or
+        K-FAC / EKFAC metric is solved exactly, through its structure; then tol and maxiter do not apply).
     maxiter : int, optional
         Iteration cap of those solves.
     block_size : int, optional

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
 # Set up the environment and run every test:
-#   1. minigeo unit tests (float64, tests/)
-#   2. the executed examples in minigeo's docstrings (doctest)
-#   3. nbval over every chapter notebook (re-executes them, compares tagged outputs, and records
-#      each notebook that passed with its fresh outputs: conftest.py's --nbval-record)
-#   4. the book build with -W -n (any Sphinx warning or failing cell fails), and its PDF; the
+#   1. minigeo unit tests (float64, tests/) and nbval over every chapter notebook, in one pytest
+#      process (nbval re-executes the notebooks, compares tagged outputs, and records each notebook
+#      that passed with its fresh outputs: conftest.py's --nbval-record)
+#   2. the executed examples in minigeo's docstrings (doctest, float32)
+#   3. the book build with -W -n (any Sphinx warning or failing cell fails), and its PDF; the
 #      notebooks nbval has just executed come from jupyter-cache (scripts/cache_executed_notebooks.py),
 #      so each notebook executes once per run; one that was not recorded is executed by the build
-#   5. a headless-browser smoke check of the rendered pages (offline)
+#   4. a headless-browser smoke check of the rendered pages (offline)
 #
-# bash scripts/test.sh --quick   the day-to-day lane: step 1 without the tests marked `slow`
+# bash scripts/test.sh --quick   the day-to-day lane: step 1's unit tests without those marked `slow`
 #                                (tests/conftest.py marks the notebook, packaging, parity and ViT
 #                                modules slow, and the tests listed in tests/slow_tests.txt, which
 #                                scripts/slow_tests.py writes from a full run's durations) and
@@ -66,35 +66,31 @@ trap stage_table EXIT
 
 bash scripts/install_chromium.sh
 
-stage "1/5 unit tests"
-# two worker processes (pytest-xdist, whole files per worker: a module's fixtures stay in one process)
-# keep both cores busy while the other compiles; two runs: the sharpness and ViT modules compile the
-# largest XLA programs, and fresh workers for them keep a long-lived process from accumulating every
-# compiled executable of the suite
-# --durations: every test phase over 1 s is listed at the end, the data for the quick lane's `slow` list
-# (python scripts/slow_tests.py LOG writes tests/slow_tests.txt from it)
-PARALLEL="-n 2 --dist loadfile --durations=0 --durations-min=1"
-HEAVY="tests/test_sharpness.py tests/test_batches_and_inputs.py tests/test_vit.py tests/test_vit_timm_parity.py tests/test_vit_open_clip_parity.py"
-python -m pytest tests $PARALLEL $(for f in $HEAVY; do printf -- '--ignore=%s ' "$f"; done)
-stage "1/5 unit tests, heavy modules"
-python -m pytest $HEAVY $PARALLEL
-stage "2/5 docstring examples"
-# two workers, whole modules per worker (a module's examples then reuse the compilations of the
-# examples before them in the same process)
+stage "1/4 unit tests and notebooks (nbval), one pytest process"
+# one pytest process with two xdist workers, whole files per worker (--dist loadfile): a test
+# module's fixtures stay in one worker, and a notebook's cells run in order in one kernel (nbval's
+# documented way to run in parallel); the 40-odd unit test files and the chapters then share both
+# cores to the end.  tests/conftest.py drops the compiled programs after each test module, so a
+# worker does not accumulate every module's executables.
+# --durations: every test phase over 1 s is listed at the end, the data for the quick lane's `slow`
+# list (python scripts/slow_tests.py LOG writes tests/slow_tests.txt from it)
+# nbval: re-executes every chapter, compares the tagged outputs, and records each notebook that
+# passed with its fresh outputs (conftest.py's --nbval-record) for the book build
+RECORDED=$(mktemp -d)
+python -m pytest book/ tests -n 2 --dist loadfile --durations=0 --durations-min=1 \
+    --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg --nbval-record "$RECORDED"
+stage "2/4 docstring examples"
+# a process of their own: the unit tests run in float64 (tests/conftest.py), the examples print
+# float32 as a reader sees it; two workers, whole modules per worker (a module's examples then
+# reuse the compilations of the examples before them in the same process)
 python -m pytest --doctest-modules minigeo -o doctest_optionflags="ELLIPSIS NORMALIZE_WHITESPACE" -p no:cacheprovider \
     -n 2 --dist loadfile
-stage "3/5 notebooks (nbval)"
-# two notebooks at a time; --dist loadscope keeps each notebook's cells, in order, in one kernel (nbval's
-# documented way to run in parallel)
-RECORDED=$(mktemp -d)
-python -m pytest --nbval-lax --nbval-current-env --nbval-sanitize-with tests/nbval_sanitize.cfg book/ -p no:cacheprovider \
-    -n 2 --dist loadscope --nbval-record "$RECORDED"
-stage "4/5 book build (-W -n) and PDF"
+stage "3/4 book build (-W -n) and PDF"
 rm -rf _build
 python scripts/cache_executed_notebooks.py "$RECORDED"
 jupyter-book build . -W -n --keep-going
 test -f _build/html/index.html
 python scripts/build_pdf.py
-stage "5/5 rendered book in a headless browser"
+stage "4/4 rendered book in a headless browser"
 python scripts/check_rendered_book.py
 echo "test: all checks passed"

@@ -8,6 +8,7 @@ import os
 from pathlib import Path
 
 import jax
+import pytest
 
 jax.config.update("jax_enable_x64", True)
 
@@ -18,6 +19,20 @@ jax.config.update("jax_enable_x64", True)
 # (benchmarks/gpu_spectral/README.md). CPUs are unaffected.
 if "JAX_DEFAULT_MATMUL_PRECISION" not in os.environ and jax.default_backend() != "cpu":
     jax.config.update("jax_default_matmul_precision", "highest")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _drop_compiled_programs():
+    """After each test module, drop every compiled XLA program (``jax.clear_caches``).
+
+    The unit tests and the notebooks run in one pytest process (two xdist workers, whole files
+    per worker; ``scripts/test.sh``), so one worker runs dozens of modules. Without this, a worker
+    keeps every executable the modules before compiled; a long process once ended in a segmentation
+    fault inside XLA's CPU compiler, and the unit tests ran in two processes for it. A module's own
+    tests still share their compilations (the compile tests count within one test).
+    """
+    yield
+    jax.clear_caches()
 
 
 # Modules whose tests execute notebooks, install packages, load torch or build ViT-B/32-sized
