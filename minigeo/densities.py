@@ -840,7 +840,7 @@ class KroneckerLaplacePosterior(NamedTuple):
         out = list(leaves)
         for w, b, QA, QB, D in self.blocks:
             V = leaves[w] if b < 0 else jnp.concatenate([leaves[w], leaves[b][None]], axis=0)
-            R = QA @ ((QA.T @ V @ QB) / D) @ QB.T
+            R = (QA @ ((QA.T @ V.astype(D.dtype) @ QB) / D) @ QB.T).astype(leaves[w].dtype)
             out[w] = R[: leaves[w].shape[0]]
             if b >= 0:
                 out[b] = R[leaves[w].shape[0]]
@@ -883,6 +883,22 @@ class KroneckerLaplacePosterior(NamedTuple):
             if b >= 0:
                 draws[b] = draws[b] + S[:, leaves[w].shape[0]]
         return jax.tree_util.tree_unflatten(treedef, draws)
+
+
+def _kronecker_flatten(post: KroneckerLaplacePosterior) -> tuple[tuple, tuple]:
+    """The arrays are the children; the leaf positions ``(w, b)`` of each block are static (aux data), so
+    a posterior passes through ``jax.jit`` and ``lax.map`` with them as Python ints."""
+    arrays = tuple(tuple(block[2:]) for block in post.blocks)
+    layout = tuple((int(block[0]), int(block[1])) for block in post.blocks)
+    return (post.mean, arrays, post.status), layout
+
+
+def _kronecker_unflatten(layout: tuple, children: tuple) -> KroneckerLaplacePosterior:
+    mean, arrays, status = children
+    return KroneckerLaplacePosterior(mean, tuple((w, b, *a) for (w, b), a in zip(layout, arrays)), status)
+
+
+jax.tree_util.register_pytree_node(KroneckerLaplacePosterior, _kronecker_flatten, _kronecker_unflatten)
 
 
 class DiagonalLaplacePosterior(NamedTuple):
