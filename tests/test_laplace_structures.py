@@ -119,7 +119,7 @@ def test_every_structure_has_one_interface_that_matches_the_dense_structured_pos
     assert int(post.status) == 0
     cov, C = structured_covariance(which, M, params, alpha)
     cond = np.linalg.cond(C + alpha * np.eye(len(C)))
-    tol = 1e-12 if dtype == jnp.float64 else 50 * eps(dtype) * cond
+    tol = 1e-12 if dtype == jnp.float64 else 10 * eps(dtype) * cond
     scale = np.abs(cov).max()
     got = np.asarray(post.covariance(), np.float64)
     assert got.shape == cov.shape and post.covariance().dtype == dtype
@@ -174,7 +174,7 @@ def test_last_layer_is_the_principal_sub_block_of_the_exact_hessian_and_takes_su
     tol = 1e-12 if dtype == jnp.float64 else 50 * eps(dtype)
     np.testing.assert_allclose(np.asarray(post.precision), want, rtol=0, atol=tol * np.abs(want).max())
     np.testing.assert_array_equal(np.asarray(post.index), S)
-    # a sub-array selector: column block 2 of the output weights is row 2 of W_out^T... here row 2 of W
+    # a sub-array selector: row 2 of the output weights (the weights out of hidden unit 2)
     sub = mg.laplace_posterior(nll, params, prior_precision=alpha, paths=[((1, "W"), (2,))])
     S2 = flat_index(params)[1]["W"][2]
     np.testing.assert_array_equal(np.asarray(sub.index), S2)
@@ -205,7 +205,7 @@ def test_glm_predictive_is_j_sigma_jt_for_every_structure(which, outputs, dtype)
     # the truth also against the independently built structured covariance
     truth, C = structured_covariance(which, M, params, alpha)
     cond = np.linalg.cond(C + alpha * np.eye(len(C)))
-    tol = 1e-12 if dtype == jnp.float64 else 50 * eps(dtype) * cond
+    tol = 1e-12 if dtype == jnp.float64 else 10 * eps(dtype) * cond
     np.testing.assert_allclose(cov, truth, rtol=0, atol=tol * np.abs(truth).max())
     for pred in (mg.glm_predictive(f, post, Xt), jax.jit(lambda p, x: mg.glm_predictive(f, p, x))(post, Xt)):
         assert pred.covariance.shape == ((5, 4, 4) if outputs == "K" else (5,)) and pred.covariance.dtype == dtype
@@ -256,7 +256,7 @@ def test_tuned_prior_precision_maximizes_the_structured_evidence(which, dtype):
     value = float(nll(jax.tree_util.tree_map(lambda a: a.astype(jnp.float64), params)))
     best = scipy.optimize.minimize_scalar(lambda la: -_log_z(np.exp(la), lam, s, value), bracket=(-5.0, 3.0), tol=1e-14)
     a = float(res.prior_precision)
-    tol = 1e-10 if dtype == jnp.float64 else 2e3 * eps(dtype)
+    tol = 1e-10 if dtype == jnp.float64 else 200 * eps(dtype)
     # brute force locates the maximum of a flat function to ~sqrt(eps) in alpha, exactly in value
     np.testing.assert_allclose(a, np.exp(best.x), rtol=max(tol, 1e-7))
     np.testing.assert_allclose(float(res.log_z), -best.fun, rtol=tol, atol=tol)
