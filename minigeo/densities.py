@@ -421,7 +421,10 @@ def laplace_log_marginal_likelihood(
         curvature or add ``prior_precision``.  Also for an unknown ``method`` or
         ``reparametrization`` type, ``method="slq"`` without ``key``, or a dense curvature
         larger than ``max_size``; ``params`` empty, integer, complex, float16/bfloat16 or (eagerly) not
-        finite; ``prior_precision`` not a real scalar or (eagerly) negative or not finite.
+        finite; ``prior_precision`` not a real scalar or (eagerly) negative or not finite; an unknown
+        ``structure``, ``"kfac"`` without a KFAC / EKFAC curvature, ``paths`` with a ``structure`` other
+        than ``"full"``, an unknown path, or ``structure`` / ``paths`` with ``method="slq"``, ``metric`` or
+        ``reparametrization``.
 
     Examples
     --------
