@@ -463,7 +463,7 @@ def laplace_log_marginal_likelihood(
         )
         value = neg_log_joint(params)
         check_finite(value, "neg_log_joint(params)")
-        d = tree_size(params) if paths is None else int(post.index.size)
+        d = tree_size(params) if paths is None else int(post.selection.size)
         logdet = post.log_det_precision()
         rest = 0.5 * d * jnp.log(2 * jnp.pi) - 0.5 * logdet
         return LaplaceEvidence(-value + rest, value, rest, logdet, jnp.zeros((), logdet.dtype), d)
@@ -584,7 +584,7 @@ class LaplacePosterior(NamedTuple):
 
     .. math:: q(\theta) = \mathcal N\big(\theta;\ \theta^*,\ \Sigma\big),\qquad \Sigma^{-1} = C(\theta^*) + \alpha I = L L^\top.
 
-    With ``index`` (from ``mg.laplace_posterior(..., paths=...)``, e.g. the last layer) it is the
+    With ``selection`` (from ``mg.laplace_posterior(..., paths=...)``, e.g. the last layer) it is the
     Gaussian over the selected parameters :math:`S` only, :math:`\Sigma_{SS}^{-1} = C_{SS} + \alpha I`
     (the principal sub-block of the curvature), every other parameter fixed at :math:`\theta^*`:
     ``precision`` and ``cholesky`` are then :math:`|S| \times |S|`, samples move only the selected
@@ -593,7 +593,7 @@ class LaplacePosterior(NamedTuple):
     Attributes
     ----------
     mean : pytree
-        :math:`\theta^*`, shaped like the parameters (all of them, also with ``index``).
+        :math:`\theta^*`, shaped like the parameters (all of them, also with ``selection``).
     precision : jax.Array
         :math:`\Sigma^{-1}` over the flattened (selected) parameters, ``(d, d)`` (``(|S|, |S|)``).
     cholesky : jax.Array
@@ -603,7 +603,7 @@ class LaplacePosterior(NamedTuple):
         or ``NOT_POSITIVE_DEFINITE`` (a negative prior precision, or a precision that is not positive
         definite: then ``cholesky`` is NaN).  Eagerly :func:`~minigeo.laplace_posterior` raises
         instead; under ``jax.jit`` check it yourself.
-    index : jax.Array or None
+    selection : jax.Array or None
         ``None``: all parameters.  Otherwise the int32 positions of the selected parameters in the
         flattened ``mean`` (``ravel_pytree`` order, increasing): row ``i`` of ``precision`` belongs
         to the entry ``index[i]``.
@@ -632,7 +632,7 @@ class LaplacePosterior(NamedTuple):
     precision: jax.Array
     cholesky: jax.Array
     status: jax.Array = Status.OK
-    index: Any = None
+    selection: Any = None
 
     def _inverse_factor(self) -> jax.Array:
         """:math:`L^{-1}` by a triangular solve (no inverse of the precision)."""
@@ -640,13 +640,13 @@ class LaplacePosterior(NamedTuple):
         return jax.scipy.linalg.solve_triangular(self.cholesky, jnp.eye(n, dtype=self.cholesky.dtype), lower=True)
 
     def _embed(self, flat: jax.Array, sub: jax.Array) -> jax.Array:
-        """Zeros shaped like ``flat`` with ``sub`` written at ``index`` (``sub`` itself without one)."""
-        if self.index is None:
+        """Zeros shaped like ``flat`` with ``sub`` written at ``selection`` (``sub`` itself without one)."""
+        if self.selection is None:
             return sub
-        return jnp.zeros_like(flat, dtype=sub.dtype).at[jnp.asarray(self.index)].set(sub)
+        return jnp.zeros_like(flat, dtype=sub.dtype).at[jnp.asarray(self.selection)].set(sub)
 
     def log_det_precision(self) -> jax.Array:
-        r""":math:`\log\det\Sigma^{-1} = 2\sum_i \log L_{ii}` (over the selected parameters with ``index``).
+        r""":math:`\log\det\Sigma^{-1} = 2\sum_i \log L_{ii}` (over the selected parameters with ``selection``).
 
         Examples
         --------
@@ -662,7 +662,7 @@ class LaplacePosterior(NamedTuple):
     def covariance(self, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
         r""":math:`\Sigma = (LL^\top)^{-1}`, ``(d, d)`` (a triangular solve, no explicit inverse of the precision).
 
-        With ``index``, the ``(d, d)`` matrix over all parameters: :math:`\Sigma_{SS}` on the
+        With ``selection``, the ``(d, d)`` matrix over all parameters: :math:`\Sigma_{SS}` on the
         selected rows and columns, zeros elsewhere (small models; ``max_size`` bounds ``d``).
 
         Examples
@@ -676,17 +676,17 @@ class LaplacePosterior(NamedTuple):
         """
         L_inv = self._inverse_factor()
         S = L_inv.T @ L_inv
-        if self.index is None:
+        if self.selection is None:
             return S
         d = ravel(self.mean)[0].size
         check_dense_size(d, max_size, "The Laplace covariance")
-        idx = jnp.asarray(self.index)
+        idx = jnp.asarray(self.selection)
         return jnp.zeros((d, d), S.dtype).at[idx[:, None], idx[None, :]].set(S)
 
     def covariance_mv(self, v: PyTree) -> PyTree:
         r""":math:`\Sigma v` by two triangular solves, :math:`L^{-\top}(L^{-1}v)`, for ``v`` shaped like the parameters.
 
-        With ``index``: :math:`\Sigma_{SS}v_S` on the selected entries, zeros elsewhere.
+        With ``selection``: :math:`\Sigma_{SS}v_S` on the selected entries, zeros elsewhere.
 
         Examples
         --------
@@ -698,7 +698,7 @@ class LaplacePosterior(NamedTuple):
         """
         flat, unravel = ravel(self.mean)
         u = _flat_like(v, flat, "LaplacePosterior.covariance_mv")
-        sub = u if self.index is None else u[jnp.asarray(self.index)]
+        sub = u if self.selection is None else u[jnp.asarray(self.selection)]
         solve = jax.scipy.linalg.solve_triangular
         w = solve(self.cholesky.T, solve(self.cholesky, sub, lower=True), lower=False)
         return unravel(self._embed(flat, w))
@@ -721,7 +721,7 @@ class LaplacePosterior(NamedTuple):
     def sample(self, key: jax.Array, num_samples: int) -> PyTree:
         r"""``num_samples`` draws :math:`\theta^* + L^{-\top} z`, :math:`z \sim \mathcal N(0, I)`, stacked on a leading axis of every leaf.
 
-        With ``index`` only the selected entries move.
+        With ``selection`` only the selected entries move.
 
         Examples
         --------
@@ -1165,7 +1165,7 @@ def laplace_posterior(
         :math:`C_{SS} + \alpha I` (the principal sub-block, from :math:`|S|` curvature products,
         ``max_size`` bounds :math:`|S|`), every other parameter fixed at :math:`\theta^*`.
         Selectors as in :func:`~minigeo.top_eigenvalues` (leaf paths, or ``(path, index)`` for a
-        sub-array); the result's ``index`` lists the selected flat positions.
+        sub-array); the result's ``selection`` lists the selected flat positions.
 
     Returns
     -------
@@ -1341,10 +1341,10 @@ def glm_predictive(
 
     if isinstance(posterior, LaplacePosterior):
         flat, unravel = ravel(posterior.mean)
-        if posterior.index is None:
+        if posterior.selection is None:
             point, embed = flat, lambda q: q
         else:
-            idx = jnp.asarray(posterior.index)
+            idx = jnp.asarray(posterior.selection)
             point, embed = flat[idx], lambda q: flat.at[idx].set(q)
 
         def one(x):

@@ -173,11 +173,11 @@ def test_last_layer_is_the_principal_sub_block_of_the_exact_hessian_and_takes_su
     want = H[np.ix_(S, S)] + alpha * np.eye(len(S))
     tol = 1e-12 if dtype == jnp.float64 else 50 * eps(dtype)
     np.testing.assert_allclose(np.asarray(post.precision), want, rtol=0, atol=tol * np.abs(want).max())
-    np.testing.assert_array_equal(np.asarray(post.index), S)
+    np.testing.assert_array_equal(np.asarray(post.selection), S)
     # a sub-array selector: row 2 of the output weights (the weights out of hidden unit 2)
     sub = mg.laplace_posterior(nll, params, prior_precision=alpha, paths=[((1, "W"), (2,))])
     S2 = flat_index(params)[1]["W"][2]
-    np.testing.assert_array_equal(np.asarray(sub.index), S2)
+    np.testing.assert_array_equal(np.asarray(sub.selection), S2)
     want2 = H[np.ix_(S2, S2)] + alpha * np.eye(len(S2))
     np.testing.assert_allclose(np.asarray(sub.precision), want2, rtol=0, atol=tol * np.abs(want2).max())
     # a single leaf path, through the evidence too: d = |S|
