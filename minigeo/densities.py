@@ -38,6 +38,7 @@ from .coords import Reparametrization
 from .curvature import hessian, hvp
 from .kronecker import kronecker_eigenbasis
 from ._metric import Metric, _matrix_field, metric_field
+from ._restrict import restriction
 from ._status import Status, raise_for_status
 
 __all__ = [
@@ -355,6 +356,8 @@ def laplace_log_marginal_likelihood(
     num_probes: int = 20,
     num_iterations: int = 30,
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
+    structure: str = "full",
+    paths: Any = None,
 ) -> LaplaceEvidence:
     r"""Laplace approximation of :math:`\log\int e^{-\mathcal L(\theta)}d\theta` at a minimum (MacKay 1992; Kristiadi et al. 2023, Sec. 4.2).
 
@@ -396,6 +399,15 @@ def laplace_log_marginal_likelihood(
         Passed to :func:`~minigeo.densities.logdet_slq` (``method="slq"`` only).
     max_size : int, optional
         Largest number of parameters for which a dense curvature is formed.
+    structure : {"full", "kfac", "diag"}, optional
+        The evidence of the structured Laplace posterior of :func:`~minigeo.laplace_posterior`:
+        :math:`\log\det H` is the log-determinant of its precision (``"kfac"``: the
+        Kronecker-factored one, needs ``curvature=mg.kfac(...)``; ``"diag"``: the diagonal one).
+        Other than ``"full"``: ``method="dense"``, no ``metric``, no ``reparametrization``.
+    paths : optional
+        With ``structure="full"``: the evidence of the posterior over the selected parameters
+        :math:`S` (e.g. the last layer), the others fixed at :math:`\theta^*`:
+        :math:`d = |S|` and :math:`\log\det(C_{SS} + \alpha I)`.
 
     Returns
     -------
@@ -409,7 +421,10 @@ def laplace_log_marginal_likelihood(
         curvature or add ``prior_precision``.  Also for an unknown ``method`` or
         ``reparametrization`` type, ``method="slq"`` without ``key``, or a dense curvature
         larger than ``max_size``; ``params`` empty, integer, complex, float16/bfloat16 or (eagerly) not
-        finite; ``prior_precision`` not a real scalar or (eagerly) negative or not finite.
+        finite; ``prior_precision`` not a real scalar or (eagerly) negative or not finite; an unknown
+        ``structure``, ``"kfac"`` without a KFAC / EKFAC curvature, ``paths`` with a ``structure`` other
+        than ``"full"``, an unknown path, or ``structure`` / ``paths`` with ``method="slq"``, ``metric`` or
+        ``reparametrization``.
 
     Examples
     --------
@@ -421,15 +436,37 @@ def laplace_log_marginal_likelihood(
     >>> # exact: log(2 pi sqrt(1 * 4))
     >>> round(float(ev.log_z), 4), round(float(jnp.log(2 * jnp.pi * 2.0)), 4)
     (2.531, 2.531)
+    >>> # the diagonal posterior is exact here too
+    >>> ev = mg.laplace_log_marginal_likelihood(L, jnp.zeros(2), structure="diag")
+    >>> round(float(ev.log_z), 4)
+    2.531
 
     References
     ----------
     Kristiadi, Dangel & Hennig (2023), Sec. 4.2, eq. (14) (signs corrected, see the module notes) and
     Table 1; MacKay (1992). Taught in chapter 5, *Densities and volume forms*.
     """
-    params = _check_laplace_inputs(params, prior_precision, "laplace_log_marginal_likelihood")
-    metric = metric_field(metric, "laplace_log_marginal_likelihood")
+    who = "laplace_log_marginal_likelihood"
+    params = _check_laplace_inputs(params, prior_precision, who)
+    _check_structure(structure, paths, who)
+    metric = metric_field(metric, who)
     neg_log_joint = bind_batch(neg_log_joint, batch)
+    if structure != "full" or paths is not None:
+        if method != "dense" or metric is not None or reparametrization is not None:
+            raise GeometryError(
+                f"{who}: structure={structure!r} / paths= use the structured posterior's own log-determinant: "
+                "only with method='dense' and without metric or reparametrization."
+            )
+        post = laplace_posterior(
+            neg_log_joint, params, curvature=curvature, prior_precision=prior_precision, max_size=max_size,
+            structure=structure, paths=paths,
+        )
+        value = neg_log_joint(params)
+        check_finite(value, "neg_log_joint(params)")
+        d = tree_size(params) if paths is None else int(post.selection.size)
+        logdet = post.log_det_precision()
+        rest = 0.5 * d * jnp.log(2 * jnp.pi) - 0.5 * logdet
+        return LaplaceEvidence(-value + rest, value, rest, logdet, jnp.zeros((), logdet.dtype), d)
     if reparametrization is not None:
         if isinstance(reparametrization, Reparametrization):
             to_theta, to_psi = reparametrization.inverse, reparametrization.forward
@@ -547,12 +584,18 @@ class LaplacePosterior(NamedTuple):
 
     .. math:: q(\theta) = \mathcal N\big(\theta;\ \theta^*,\ \Sigma\big),\qquad \Sigma^{-1} = C(\theta^*) + \alpha I = L L^\top.
 
+    With ``selection`` (from ``mg.laplace_posterior(..., paths=...)``, e.g. the last layer) it is the
+    Gaussian over the selected parameters :math:`S` only, :math:`\Sigma_{SS}^{-1} = C_{SS} + \alpha I`
+    (the principal sub-block of the curvature), every other parameter fixed at :math:`\theta^*`:
+    ``precision`` and ``cholesky`` are then :math:`|S| \times |S|`, samples move only the selected
+    entries, and the covariance and marginal variances are exactly 0 outside :math:`S`.
+
     Attributes
     ----------
     mean : pytree
-        :math:`\theta^*`, shaped like the parameters.
+        :math:`\theta^*`, shaped like the parameters (all of them, also with ``selection``).
     precision : jax.Array
-        :math:`\Sigma^{-1}` over the flattened parameters, ``(d, d)``.
+        :math:`\Sigma^{-1}` over the flattened (selected) parameters, ``(d, d)`` (``(|S|, |S|)``).
     cholesky : jax.Array
         The lower Cholesky factor :math:`L` of the precision.
     status : jax.Array
@@ -560,6 +603,10 @@ class LaplacePosterior(NamedTuple):
         or ``NOT_POSITIVE_DEFINITE`` (a negative prior precision, or a precision that is not positive
         definite: then ``cholesky`` is NaN).  Eagerly :func:`~minigeo.laplace_posterior` raises
         instead; under ``jax.jit`` check it yourself.
+    selection : jax.Array or None
+        ``None``: all parameters.  Otherwise the int32 positions of the selected parameters in the
+        flattened ``mean`` (``ravel_pytree`` order, increasing): row ``i`` of ``precision`` belongs
+        to the entry ``index[i]``.
 
     Examples
     --------
@@ -572,6 +619,8 @@ class LaplacePosterior(NamedTuple):
            [0.  , 0.25]], dtype=float32)
     >>> post.sample(jax.random.PRNGKey(0), 3).shape
     (3, 2)
+    >>> post.covariance_mv(jnp.ones(2))  # Sigma v without forming Sigma
+    Array([1.  , 0.25], dtype=float32)
 
     References
     ----------
@@ -583,23 +632,119 @@ class LaplacePosterior(NamedTuple):
     precision: jax.Array
     cholesky: jax.Array
     status: jax.Array = Status.OK
+    selection: Any = None
 
-    def covariance(self) -> jax.Array:
-        r""":math:`\Sigma = (LL^\top)^{-1}`, ``(d, d)`` (a triangular solve, no explicit inverse of the precision)."""
-        L_inv = jax.scipy.linalg.solve_triangular(self.cholesky, jnp.eye(self.cholesky.shape[0], dtype=self.cholesky.dtype), lower=True)
-        return L_inv.T @ L_inv
+    def _inverse_factor(self) -> jax.Array:
+        """:math:`L^{-1}` by a triangular solve (no inverse of the precision)."""
+        n = self.cholesky.shape[0]
+        return jax.scipy.linalg.solve_triangular(self.cholesky, jnp.eye(n, dtype=self.cholesky.dtype), lower=True)
+
+    def _embed(self, flat: jax.Array, sub: jax.Array) -> jax.Array:
+        """Zeros shaped like ``flat`` with ``sub`` written at ``selection`` (``sub`` itself without one)."""
+        if self.selection is None:
+            return sub
+        return jnp.zeros_like(flat, dtype=sub.dtype).at[jnp.asarray(self.selection)].set(sub)
+
+    def log_det_precision(self) -> jax.Array:
+        r""":math:`\log\det\Sigma^{-1} = 2\sum_i \log L_{ii}` (over the selected parameters with ``selection``).
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> post = mg.laplace_posterior(lambda t: 0.5 * jnp.sum(t**2), jnp.zeros(3),
+        ...                             prior_precision=1.0)
+        >>> round(float(post.log_det_precision()), 5)  # 3 log 2
+        2.07944
+        """
+        return 2.0 * jnp.sum(jnp.log(jnp.diag(self.cholesky)))
+
+    def covariance(self, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
+        r""":math:`\Sigma = (LL^\top)^{-1}`, ``(d, d)`` (a triangular solve, no explicit inverse of the precision).
+
+        With ``selection``, the ``(d, d)`` matrix over all parameters: :math:`\Sigma_{SS}` on the
+        selected rows and columns, zeros elsewhere (small models; ``max_size`` bounds ``d``).
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> post = mg.laplace_posterior(lambda t: 2.0 * jnp.sum(t**2), jnp.zeros(2))
+        >>> post.covariance()
+        Array([[0.25, 0.  ],
+               [0.  , 0.25]], dtype=float32)
+        """
+        L_inv = self._inverse_factor()
+        S = L_inv.T @ L_inv
+        if self.selection is None:
+            return S
+        d = ravel(self.mean)[0].size
+        check_dense_size(d, max_size, "The Laplace covariance")
+        idx = jnp.asarray(self.selection)
+        return jnp.zeros((d, d), S.dtype).at[idx[:, None], idx[None, :]].set(S)
+
+    def covariance_mv(self, v: PyTree) -> PyTree:
+        r""":math:`\Sigma v` by two triangular solves, :math:`L^{-\top}(L^{-1}v)`, for ``v`` shaped like the parameters.
+
+        With ``selection``: :math:`\Sigma_{SS}v_S` on the selected entries, zeros elsewhere.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> post = mg.laplace_posterior(lambda t: 2.0 * jnp.sum(t**2), jnp.zeros(2))
+        >>> post.covariance_mv(jnp.array([1.0, 2.0]))  # v / 4
+        Array([0.25, 0.5 ], dtype=float32)
+        """
+        flat, unravel = ravel(self.mean)
+        u = _flat_like(v, flat, "LaplacePosterior.covariance_mv")
+        sub = u if self.selection is None else u[jnp.asarray(self.selection)]
+        solve = jax.scipy.linalg.solve_triangular
+        w = solve(self.cholesky.T, solve(self.cholesky, sub, lower=True), lower=False)
+        return unravel(self._embed(flat, w))
 
     def marginal_variance(self) -> PyTree:
-        r""":math:`\operatorname{diag}\Sigma`, shaped like the parameters."""
-        return ravel(self.mean)[1](jnp.diag(self.covariance()))
+        r""":math:`\operatorname{diag}\Sigma`, shaped like the parameters (0 outside the selection).
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> post = mg.laplace_posterior(lambda t: 2.0 * jnp.sum(t**2), jnp.zeros(2))
+        >>> post.marginal_variance()
+        Array([0.25, 0.25], dtype=float32)
+        """
+        flat, unravel = ravel(self.mean)
+        L_inv = self._inverse_factor()
+        return unravel(self._embed(flat, jnp.sum(L_inv * L_inv, axis=0)))
 
     def sample(self, key: jax.Array, num_samples: int) -> PyTree:
-        r"""``num_samples`` draws :math:`\theta^* + L^{-\top} z`, :math:`z \sim \mathcal N(0, I)`, stacked on a leading axis of every leaf."""
+        r"""``num_samples`` draws :math:`\theta^* + L^{-\top} z`, :math:`z \sim \mathcal N(0, I)`, stacked on a leading axis of every leaf.
+
+        With ``selection`` only the selected entries move.
+
+        Examples
+        --------
+        >>> import jax, jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> post = mg.laplace_posterior(lambda t: 2.0 * jnp.sum(t**2), jnp.zeros(2))
+        >>> post.sample(jax.random.PRNGKey(0), 5).shape
+        (5, 2)
+        """
         check_key(key, "LaplacePosterior.sample")
         flat, unravel = ravel(self.mean)
-        z = jax.random.normal(key, (int(num_samples), flat.size), flat.dtype)
+        n = self.cholesky.shape[0]
+        z = jax.random.normal(key, (int(num_samples), n), flat.dtype)
         steps = jax.scipy.linalg.solve_triangular(self.cholesky.T, z.T, lower=False).T  # rows L^{-T} z
-        return jax.vmap(unravel)(flat + steps)
+        return jax.vmap(lambda s: unravel(flat + self._embed(flat, s)))(steps)
+
+
+def _flat_like(v: PyTree, flat: jax.Array, who: str) -> jax.Array:
+    """``v`` flattened, checked to have as many entries as the parameters."""
+    u = ravel(v)[0]
+    if u.shape != flat.shape:
+        raise GeometryError(f"{who}: v must be shaped like the parameters ({flat.size} entries); got {u.size}.")
+    return u
 
 
 class KroneckerLaplacePosterior(NamedTuple):
@@ -669,22 +814,63 @@ class KroneckerLaplacePosterior(NamedTuple):
         r""":math:`\operatorname{diag}\Sigma` per layer, :math:`(Q_A^{\odot 2})\,(1/(s+\alpha))\,(Q_B^{\odot 2})^\top`, shaped like the parameters."""
         return self._apply(lambda QA, QB, D, dt: ((QA * QA) @ (1.0 / D) @ (QB * QB).T).astype(dt))
 
+    def covariance_mv(self, v: PyTree) -> PyTree:
+        r""":math:`\Sigma v` per layer, :math:`Q_A\big((Q_A^\top V Q_B)\oslash(s+\alpha)\big)Q_B^\top` (never ``d x d``).
+
+        ``v`` is shaped like the parameters; :math:`V` stacks a layer's weight and bias rows.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> X, model = jnp.array([[1.0, 0.0], [0.0, 2.0]]), lambda p, x: x @ p["W"]
+        >>> p = {"W": jnp.zeros((2, 1))}
+        >>> K = mg.kfac(model, "gaussian", p, batch=(X, None))
+        >>> nll = lambda q: jnp.sum((X @ q["W"]) ** 2)  # not differentiated for "kfac"
+        >>> post = mg.laplace_posterior(nll, p, curvature=K, prior_precision=1.0,
+        ...                             structure="kfac")
+        >>> v = {"W": jnp.ones((2, 1))}
+        >>> post.covariance_mv(v)["W"].ravel().round(4)  # 1 / (0.5 + 1), 1 / (2 + 1)
+        Array([0.6667, 0.3333], dtype=float32)
+        """
+        leaves = jax.tree_util.tree_leaves(v)
+        mean_leaves = jax.tree_util.tree_leaves(self.mean)
+        if [jnp.shape(a) for a in leaves] != [jnp.shape(a) for a in mean_leaves]:
+            raise GeometryError(
+                "KroneckerLaplacePosterior.covariance_mv: v must be shaped like the parameters "
+                f"(leaf shapes {[jnp.shape(a) for a in mean_leaves]}); got {[jnp.shape(a) for a in leaves]}."
+            )
+        out = list(leaves)
+        for w, b, QA, QB, D in self.blocks:
+            V = leaves[w] if b < 0 else jnp.concatenate([leaves[w], leaves[b][None]], axis=0)
+            R = (QA @ ((QA.T @ V.astype(D.dtype) @ QB) / D) @ QB.T).astype(leaves[w].dtype)
+            out[w] = R[: leaves[w].shape[0]]
+            if b >= 0:
+                out[b] = R[leaves[w].shape[0]]
+        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.mean), out)
+
     def covariance(self, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
-        r"""The dense :math:`\Sigma` over the flattened parameters, ``(d, d)``, for small models (checks, plots)."""
+        r"""The dense :math:`\Sigma` over the flattened parameters, ``(d, d)``, for small models (checks, plots).
+
+        One :meth:`covariance_mv` per column.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> X, model = jnp.array([[1.0, 0.0], [0.0, 2.0]]), lambda p, x: x @ p["W"]
+        >>> p = {"W": jnp.zeros((2, 1))}
+        >>> K = mg.kfac(model, "gaussian", p, batch=(X, None))
+        >>> nll = lambda q: jnp.sum((X @ q["W"]) ** 2)  # not differentiated for "kfac"
+        >>> post = mg.laplace_posterior(nll, p, curvature=K, prior_precision=1.0,
+        ...                             structure="kfac")
+        >>> post.covariance().round(4)
+        Array([[0.6667, 0.    ],
+               [0.    , 0.3333]], dtype=float32)
+        """
         flat, unravel = ravel(self.mean)
         check_dense_size(flat.size, max_size, "The Kronecker Laplace covariance")
-
-        def column(e: jax.Array) -> jax.Array:
-            leaves = jax.tree_util.tree_leaves(unravel(e))
-            out = list(leaves)
-            for w, b, QA, QB, D in self.blocks:
-                V = leaves[w] if b < 0 else jnp.concatenate([leaves[w], leaves[b][None]], axis=0)
-                R = QA @ ((QA.T @ V @ QB) / D) @ QB.T
-                out[w] = R[: leaves[w].shape[0]]
-                if b >= 0:
-                    out[b] = R[leaves[w].shape[0]]
-            return ravel(jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.mean), out))[0]
-
+        column = lambda e: ravel(self.covariance_mv(unravel(e)))[0]
         return jax.vmap(column)(jnp.eye(flat.size, dtype=flat.dtype)).T
 
     def sample(self, key: jax.Array, num_samples: int) -> PyTree:
@@ -700,6 +886,22 @@ class KroneckerLaplacePosterior(NamedTuple):
             if b >= 0:
                 draws[b] = draws[b] + S[:, leaves[w].shape[0]]
         return jax.tree_util.tree_unflatten(treedef, draws)
+
+
+def _kronecker_flatten(post: KroneckerLaplacePosterior) -> tuple[tuple, tuple]:
+    """The arrays are the children; the leaf positions ``(w, b)`` of each block are static (aux data), so
+    a posterior passes through ``jax.jit`` and ``lax.map`` with them as Python ints."""
+    arrays = tuple(tuple(block[2:]) for block in post.blocks)
+    layout = tuple((int(block[0]), int(block[1])) for block in post.blocks)
+    return (post.mean, arrays, post.status), layout
+
+
+def _kronecker_unflatten(layout: tuple, children: tuple) -> KroneckerLaplacePosterior:
+    mean, arrays, status = children
+    return KroneckerLaplacePosterior(mean, tuple((w, b, *a) for (w, b), a in zip(layout, arrays)), status)
+
+
+jax.tree_util.register_pytree_node(KroneckerLaplacePosterior, _kronecker_flatten, _kronecker_unflatten)
 
 
 class DiagonalLaplacePosterior(NamedTuple):
@@ -747,9 +949,36 @@ class DiagonalLaplacePosterior(NamedTuple):
         r""":math:`1 / (c + \alpha)`, shaped like the parameters."""
         return jax.tree_util.tree_map(lambda p: 1.0 / p, self.precision)
 
-    def covariance(self) -> jax.Array:
-        r"""The dense diagonal :math:`\Sigma`, ``(d, d)``."""
-        return jnp.diag(1.0 / ravel(self.precision)[0])
+    def covariance(self, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
+        r"""The dense diagonal :math:`\Sigma`, ``(d, d)`` (small models; ``max_size`` bounds ``d``).
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> L = lambda t: 0.5 * jnp.sum(jnp.array([1.0, 4.0]) * t**2)
+        >>> mg.laplace_posterior(L, jnp.zeros(2), structure="diag").covariance()
+        Array([[1.  , 0.  ],
+               [0.  , 0.25]], dtype=float32)
+        """
+        prec = ravel(self.precision)[0]
+        check_dense_size(prec.size, max_size, "The diagonal Laplace covariance")
+        return jnp.diag(1.0 / prec)
+
+    def covariance_mv(self, v: PyTree) -> PyTree:
+        r""":math:`\Sigma v = v \oslash (c + \alpha)`, for ``v`` shaped like the parameters.
+
+        Examples
+        --------
+        >>> import jax.numpy as jnp
+        >>> import minigeo as mg
+        >>> L = lambda t: 0.5 * jnp.sum(jnp.array([1.0, 4.0]) * t**2)
+        >>> post = mg.laplace_posterior(L, jnp.zeros(2), structure="diag")
+        >>> post.covariance_mv(jnp.array([1.0, 1.0]))
+        Array([1.  , 0.25], dtype=float32)
+        """
+        flat, unravel = ravel(self.precision)
+        return unravel(_flat_like(v, flat, "DiagonalLaplacePosterior.covariance_mv") / flat)
 
     def sample(self, key: jax.Array, num_samples: int) -> PyTree:
         r"""``num_samples`` draws :math:`\theta^* + z \oslash \sqrt{c + \alpha}`, stacked on a leading axis."""
@@ -802,11 +1031,62 @@ def _diagonal_posterior(neg_log_joint: Callable, params: PyTree, curvature: Any,
 _STRUCTURES = ("full", "kfac", "diag")
 
 
-def _kronecker_posterior(params: PyTree, curvature: Any, prior_precision: Any) -> KroneckerLaplacePosterior:
+def _check_structure(structure: Any, paths: Any, who: str) -> None:
+    """``structure`` one of ``_STRUCTURES``; ``paths`` (a sub-block posterior) only with ``"full"``."""
+    if not isinstance(structure, str) or structure not in _STRUCTURES:
+        raise GeometryError(f"{who}: structure must be one of {_STRUCTURES}, got {structure!r}.")
+    if paths is not None and structure != "full":
+        raise GeometryError(
+            f"{who}: paths= (the dense posterior of selected parameters, e.g. the last layer) combines with "
+            f"structure='full' only, got structure={structure!r}. Drop paths for a {structure!r} posterior of "
+            "all parameters."
+        )
+
+
+def _selection_index(params: PyTree, paths: Any, who: str) -> np.ndarray:
+    """The positions (``ravel_pytree`` order, increasing, int32) of the entries that ``paths`` selects.
+
+    Parsed by :func:`minigeo._restrict.restriction` (the selectors of ``top_eigenvalues(paths=...)``),
+    which raises for an unknown path, an index out of range or overlapping selections.  Concrete even
+    under ``jit``: it depends on the shapes only."""
+    r = restriction(params, paths, who)
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    offsets = np.cumsum([0] + [int(np.size(x)) for x in leaves])
+    positions = [np.arange(o, o + np.size(x), dtype=np.int32).reshape(np.shape(x)) for o, x in zip(offsets, leaves)]
+    with jax.ensure_compile_time_eval():
+        sub = r.extract(jax.tree_util.tree_unflatten(treedef, positions))
+        index = np.concatenate([np.asarray(a).ravel() for a in jax.tree_util.tree_leaves(sub)])
+    return np.sort(index).astype(np.int32)
+
+
+def _restricted_curvature(
+    neg_log_joint: Callable, params: PyTree, curvature: Metric | None, index: np.ndarray, max_size: int, who: str
+) -> jax.Array:
+    """The principal sub-block :math:`C_{SS}` of the curvature (Hessian or ``curvature``), from
+    :math:`|S|` products with zero-padded unit vectors (no ``d x d`` matrix), symmetrized."""
+    k = int(index.size)
+    check_dense_size(k, max_size, f"{who}: the curvature of the selected parameters")
+    flat, unravel = ravel(params)
+    idx = jnp.asarray(index)
+
+    def column(j: jax.Array) -> jax.Array:
+        e = unravel(jnp.zeros_like(flat).at[j].set(1))
+        Ce = hvp(neg_log_joint, params, e) if curvature is None else curvature.mv(params, e)
+        return ravel(Ce)[0][idx]
+
+    M = jax.lax.map(column, idx, batch_size=min(k, 64))  # row j: (C e_j)_S
+    C = 0.5 * (M + M.T)
+    check_finite(C, f"{who}: the curvature of the selected parameters")
+    return C
+
+
+def _kronecker_basis(params: PyTree, curvature: Any, who: str) -> tuple[list, dict]:
+    """The eigenbasis of a KFAC / EKFAC curvature, checked to cover exactly the leaves of ``params``,
+    and the leaf index of each path."""
     if curvature is None:
         raise GeometryError(
-            "laplace_posterior: structure='kfac' needs curvature=mg.kfac(model_fn, likelihood, params, batch=...) "
-            "(or mg.ekfac): the Kronecker factors come from the model, not from neg_log_joint."
+            f"{who}: structure='kfac' needs curvature=mg.kfac(model_fn, likelihood, params, batch=...) "
+            "(or mg.ekfac): the Kronecker factors come from the model, not from the loss."
         )
     basis = kronecker_eigenbasis(curvature)
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
@@ -814,12 +1094,17 @@ def _kronecker_posterior(params: PyTree, curvature: Any, prior_precision: Any) -
     covered = {e.weight for e in basis} | {e.bias for e in basis if e.bias is not None}
     if set(paths) != covered:
         raise GeometryError(
-            f"laplace_posterior: the KFAC curvature was built for parameters {sorted(covered)}, but params has "
+            f"{who}: the KFAC curvature was built for parameters {sorted(covered)}, but params has "
             f"{paths}; build it at these parameters."
         )
+    return basis, index
+
+
+def _kronecker_posterior(params: PyTree, curvature: Any, prior_precision: Any) -> KroneckerLaplacePosterior:
+    basis, index = _kronecker_basis(params, curvature, "laplace_posterior")
     blocks, ok, finite = [], jnp.asarray(True), jnp.asarray(True)
     for e in basis:
-        D = e.eigenvalues + jnp.asarray(prior_precision, e.eigenvalues.dtype)
+        D = e.eigenvalues + jnp.asarray(curvature.damping + prior_precision, e.eigenvalues.dtype)
         eps = jnp.finfo(D.dtype).eps
         ok = ok & (jnp.min(D) > max(D.shape) * eps * jnp.max(jnp.abs(D)))
         finite = finite & jnp.all(jnp.isfinite(D))
@@ -843,8 +1128,9 @@ def laplace_posterior(
     prior_precision: float = 0.0,
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
     structure: str = "full",
+    paths: Any = None,
 ) -> LaplacePosterior | KroneckerLaplacePosterior | DiagonalLaplacePosterior:
-    r"""The Laplace posterior around a minimum :math:`\theta^*` of the negative log joint (dense).
+    r"""The Laplace posterior around a minimum :math:`\theta^*` of the negative log joint (dense, K-FAC, diagonal or last-layer).
 
     .. math:: p(\theta\mid\mathcal D) \approx \mathcal N\big(\theta^*,\ (C(\theta^*) + \alpha I)^{-1}\big),
 
@@ -873,12 +1159,21 @@ def laplace_posterior(
         ``"diag"``: the diagonal of the curvature plus ``prior_precision``
         (:class:`~minigeo.densities.DiagonalLaplacePosterior`): without a ``d x d`` matrix for a KFAC / EKFAC
         or diagonal curvature, from the dense matrix (``max_size``) otherwise.
+    paths : optional
+        With ``structure="full"`` only: the dense posterior over the selected parameters :math:`S`
+        (e.g. the last layer, ``paths=[("head", "W"), ("head", "b")]``), precision
+        :math:`C_{SS} + \alpha I` (the principal sub-block, from :math:`|S|` curvature products,
+        ``max_size`` bounds :math:`|S|`), every other parameter fixed at :math:`\theta^*`.
+        Selectors as in :func:`~minigeo.top_eigenvalues` (leaf paths, or ``(path, index)`` for a
+        sub-array); the result's ``selection`` lists the selected flat positions.
 
     Returns
     -------
     :class:`~minigeo.densities.LaplacePosterior`, :class:`~minigeo.densities.KroneckerLaplacePosterior` or :class:`~minigeo.densities.DiagonalLaplacePosterior`
-        Mean, precision and its Cholesky factor; ``covariance()``, ``marginal_variance()``, ``sample()``
-        (``"kfac"``: also ``log_det_precision()``).
+        One interface for every structure: ``mean``, ``status``, ``log_det_precision()``,
+        ``covariance()`` (dense, small models), ``covariance_mv(v)`` (:math:`\Sigma v`, matrix-free),
+        ``marginal_variance()`` and ``sample(key, n)``; :func:`~minigeo.glm_predictive` and
+        :func:`~minigeo.laplace_log_marginal_likelihood` accept each.
 
     Raises
     ------
@@ -886,8 +1181,9 @@ def laplace_posterior(
         If the precision is not positive definite (``params`` is not a strict minimum: use a GGN
         curvature or ``prior_precision > 0``), not finite, or larger than ``max_size``; if ``params``
         is empty, integer, complex, float16/bfloat16 or (eagerly) not finite; if ``prior_precision`` is
-        not a real scalar or (eagerly) negative or not finite.  Under ``jax.jit`` nothing is raised for
-        values: read ``status``.
+        not a real scalar or (eagerly) negative or not finite; for an unknown ``structure``, ``"kfac"``
+        without a KFAC / EKFAC curvature, ``paths`` with a ``structure`` other than ``"full"``, or a
+        path that names no parameter.  Under ``jax.jit`` nothing is raised for values: read ``status``.
 
     Examples
     --------
@@ -897,14 +1193,19 @@ def laplace_posterior(
     >>> post = mg.laplace_posterior(L, jnp.ones(2), prior_precision=1.0)
     >>> post.marginal_variance().round(6)  # (1 + 1)^-1
     Array([0.5, 0.5], dtype=float32)
+    >>> # the last layer only: the other parameters stay at theta*
+    >>> p = {"hidden": jnp.ones(2), "last": jnp.ones(1)}
+    >>> L2 = lambda p: jnp.sum(p["hidden"] ** 2) + 2.0 * jnp.sum(p["last"] ** 2)
+    >>> last = mg.laplace_posterior(L2, p, paths=["last"])
+    >>> last.marginal_variance()  # 1 / 4 on the last layer, 0 elsewhere
+    {'hidden': Array([0., 0.], dtype=float32), 'last': Array([0.25], dtype=float32)}
 
     References
     ----------
     MacKay (1992); Kristiadi, Dangel & Hennig (2023), Sec. 4.2. Chapter 5.
     """
     params = _check_laplace_inputs(params, prior_precision, "laplace_posterior")
-    if structure not in _STRUCTURES:
-        raise GeometryError(f"laplace_posterior: structure must be one of {_STRUCTURES}, got {structure!r}.")
+    _check_structure(structure, paths, "laplace_posterior")
     if structure == "kfac":
         return _kronecker_posterior(params, curvature, prior_precision)
     neg_log_joint = bind_batch(neg_log_joint, batch)
@@ -912,7 +1213,15 @@ def laplace_posterior(
         if curvature is not None:
             curvature = metric_field(curvature, "laplace_posterior")
         return _diagonal_posterior(neg_log_joint, params, curvature, prior_precision, max_size)
-    P = _laplace_precision(neg_log_joint, params, curvature, prior_precision, max_size, "laplace_posterior")
+    index = None
+    if paths is None:
+        P = _laplace_precision(neg_log_joint, params, curvature, prior_precision, max_size, "laplace_posterior")
+    else:
+        if curvature is not None:
+            curvature = metric_field(curvature, "laplace_posterior")
+        index = _selection_index(params, paths, "laplace_posterior")
+        C = _restricted_curvature(neg_log_joint, params, curvature, index, max_size, "laplace_posterior")
+        P = C + jnp.asarray(prior_precision, C.dtype) * jnp.eye(C.shape[0], dtype=C.dtype)
     try:
         check_spd(P, "the Laplace precision")
     except GeometryError as err:
@@ -921,7 +1230,8 @@ def laplace_posterior(
             "(curvature=mg.ggn(model, nll)) or prior_precision > 0."
         ) from None
     L = jnp.linalg.cholesky(P)
-    return LaplacePosterior(params, P, L, _laplace_status(params, prior_precision, P, L))
+    status = _laplace_status(params, prior_precision, P, L)
+    return LaplacePosterior(params, P, L, status, None if index is None else jnp.asarray(index))
 
 
 class GLMPredictive(NamedTuple):
@@ -957,21 +1267,29 @@ class GLMPredictive(NamedTuple):
     covariance: jax.Array
 
 
-def glm_predictive(model_fn: Callable[[PyTree, Any], jax.Array], posterior: LaplacePosterior, inputs: Any) -> GLMPredictive:
+def glm_predictive(
+    model_fn: Callable[[PyTree, Any], jax.Array],
+    posterior: LaplacePosterior | KroneckerLaplacePosterior | DiagonalLaplacePosterior,
+    inputs: Any,
+) -> GLMPredictive:
     r"""The linearized predictive of a Laplace posterior at ``inputs``, one Gaussian per example.
 
     .. math:: \mu_n = f(x_n, \theta^*),\qquad S_n = J_n \Sigma J_n^\top,\qquad J_n = \partial f(x_n, \theta)/\partial\theta\,\big|_{\theta^*},
 
-    computed as :math:`S_n = A_n^\top A_n` with :math:`A_n = L^{-1}J_n^\top` (no inverse of the precision).
-    Exact for a model linear in :math:`\theta` (Bayesian linear regression). For regression with noise
-    variance :math:`\sigma^2`, the predictive of a new target adds :math:`\sigma^2 I`.
+    for every structure of :func:`~minigeo.laplace_posterior`.  Dense (``structure="full"``, also
+    with ``paths``): :math:`S_n = A_n^\top A_n` with :math:`A_n = L^{-1}J_n^\top` (no inverse of the
+    precision; with ``paths`` :math:`J_n` is differentiated w.r.t. the selected entries only).
+    K-FAC and diagonal: :math:`S_{n,kl} = (J_n^\top e_k)^\top\,\Sigma\,(J_n^\top e_l)` from :math:`K`
+    vector-Jacobian products and :meth:`covariance_mv`, never a ``d x d`` matrix.  Exact for a model
+    linear in :math:`\theta` (Bayesian linear regression). For regression with noise variance
+    :math:`\sigma^2`, the predictive of a new target adds :math:`\sigma^2 I`.
 
     Parameters
     ----------
     model_fn : callable
         ``model_fn(params, inputs)`` returning one output per example, shape ``(N,)`` or ``(N, K)``.
         Examples must not interact (no batch statistics): each is linearized on its own.
-    posterior : :class:`~minigeo.densities.LaplacePosterior`
+    posterior : :class:`~minigeo.densities.LaplacePosterior`, :class:`~minigeo.densities.KroneckerLaplacePosterior` or :class:`~minigeo.densities.DiagonalLaplacePosterior`
         From :func:`~minigeo.laplace_posterior`.
     inputs : array or pytree
         The inputs, with the examples on the leading axis of every leaf.
@@ -984,7 +1302,8 @@ def glm_predictive(model_fn: Callable[[PyTree, Any], jax.Array], posterior: Lapl
     Raises
     ------
     GeometryError
-        If ``model_fn`` does not return one output row per example, or returns non-finite values.
+        If ``model_fn`` does not return one output row per example, or returns non-finite values, or
+        ``posterior`` is not one of the Laplace posteriors.
 
     Examples
     --------
@@ -995,12 +1314,21 @@ def glm_predictive(model_fn: Callable[[PyTree, Any], jax.Array], posterior: Lapl
     >>> X = jnp.array([[1.0, 0.0], [1.0, 1.0]])
     >>> mg.glm_predictive(lambda w, x: x @ w, post, X).covariance  # |x|^2
     Array([1., 2.], dtype=float32)
+    >>> L4 = lambda w: 0.5 * jnp.sum(jnp.array([1.0, 4.0]) * w**2)
+    >>> diag = mg.laplace_posterior(L4, jnp.zeros(2), structure="diag")  # N(0, diag(1, 1/4))
+    >>> mg.glm_predictive(lambda w, x: x @ w, diag, X).covariance  # 1, 1 + 1/4
+    Array([1.  , 1.25], dtype=float32)
 
     References
     ----------
     No formula from the source papers: MacKay (1992); Immer, Korzepa & Bauer (2021). Taught in
     chapter 5, *Densities and volume forms*.
     """
+    if not isinstance(posterior, (LaplacePosterior, KroneckerLaplacePosterior, DiagonalLaplacePosterior)):
+        raise GeometryError(
+            "glm_predictive: posterior must come from mg.laplace_posterior (a LaplacePosterior, "
+            f"KroneckerLaplacePosterior or DiagonalLaplacePosterior); got {type(posterior).__name__}."
+        )
     mean = model_fn(posterior.mean, inputs)
     n = jax.tree_util.tree_leaves(inputs)[0].shape[0]
     if mean.ndim not in (1, 2) or mean.shape[0] != n:
@@ -1009,13 +1337,32 @@ def glm_predictive(model_fn: Callable[[PyTree, Any], jax.Array], posterior: Lapl
             f"got {mean.shape}."
         )
     check_finite(mean, "glm_predictive: model_fn(params, inputs)")
-    flat, unravel = ravel(posterior.mean)
+    one_example = lambda x: jax.tree_util.tree_map(lambda a: a[None], x)
 
-    def one(x):
-        out = lambda q: jnp.reshape(model_fn(unravel(q), jax.tree_util.tree_map(lambda a: a[None], x)), (-1,))
-        J = jax.jacrev(out)(flat) if mean.size // n < flat.size else jax.jacfwd(out)(flat)  # (K, d)
-        A = jax.scipy.linalg.solve_triangular(posterior.cholesky, J.T, lower=True)  # L^{-1} J^T
-        return A.T @ A
+    if isinstance(posterior, LaplacePosterior):
+        flat, unravel = ravel(posterior.mean)
+        if posterior.selection is None:
+            point, embed = flat, lambda q: q
+        else:
+            idx = jnp.asarray(posterior.selection)
+            point, embed = flat[idx], lambda q: flat.at[idx].set(q)
+
+        def one(x):
+            out = lambda q: jnp.reshape(model_fn(unravel(embed(q)), one_example(x)), (-1,))
+            J = jax.jacrev(out)(point) if mean.size // n < point.size else jax.jacfwd(out)(point)  # (K, |S|)
+            A = jax.scipy.linalg.solve_triangular(posterior.cholesky, J.T, lower=True)  # L^{-1} J^T
+            return A.T @ A
+
+    else:
+
+        def one(x):
+            out = lambda p: jnp.reshape(model_fn(p, one_example(x)), (-1,))
+            y, pullback = jax.vjp(out, posterior.mean)
+            cols = jax.vmap(pullback)(jnp.eye(y.size, dtype=y.dtype))[0]  # J^T e_k, leading axis K
+            sigma_cols = jax.vmap(posterior.covariance_mv)(cols)
+            pair = lambda a, b: jnp.reshape(a, (a.shape[0], -1)) @ jnp.reshape(b, (b.shape[0], -1)).T
+            S = sum(jax.tree_util.tree_leaves(jax.tree_util.tree_map(pair, cols, sigma_cols)))
+            return 0.5 * (S + S.T)
 
     S = jax.lax.map(one, inputs)
     return GLMPredictive(mean, S[:, 0, 0] if mean.ndim == 1 else S)
@@ -1069,6 +1416,8 @@ def optimize_prior_precision(
     rtol: float | None = None,
     max_iterations: int = 500,
     max_size: int = DEFAULT_MAX_DENSE_SIZE,
+    structure: str = "full",
+    paths: Any = None,
 ) -> PriorPrecision:
     r"""MacKay's fixed point for the prior precision :math:`\alpha` of :math:`\mathcal N(m, \alpha^{-1}I)` that maximizes the Laplace evidence.
 
@@ -1082,6 +1431,14 @@ def optimize_prior_precision(
     :math:`\alpha = \gamma(\alpha)/s` with :math:`\gamma(\alpha) = \sum_i \lambda_i/(\lambda_i+\alpha)`,
     iterated from ``init`` until the relative change is below ``rtol``. :math:`\theta^*` is held fixed
     (post hoc); for a model whose MAP moves with :math:`\alpha`, alternate refitting and this call.
+
+    The same fixed point for every structure of :func:`~minigeo.laplace_posterior`, with
+    :math:`\lambda_i` the eigenvalues of the structured curvature: ``"kfac"`` the per-layer
+    eigenvalues of :func:`~minigeo.kronecker.kronecker_eigenbasis` (plus the curvature's damping;
+    no ``d x d`` matrix), ``"diag"`` the curvature's diagonal, and with ``paths`` (a last-layer
+    posterior) the eigenvalues of the principal sub-block :math:`C_{SS}`, with
+    :math:`s = \lVert\theta^*_S - m_S\rVert^2` and :math:`d = |S|` (the prior covers the selected
+    parameters only).  ``log_z`` is then the evidence of that structured posterior.
 
     Parameters
     ----------
@@ -1104,6 +1461,12 @@ def optimize_prior_precision(
         Iteration cap (``status = MAX_ITERATIONS`` beyond it).
     max_size : int, optional
         Largest number of parameters for which the dense curvature is formed.
+    structure : {"full", "kfac", "diag"}, optional
+        The structure of the curvature, as in :func:`~minigeo.laplace_posterior` (``"kfac"`` needs
+        ``curvature=mg.kfac(...)`` or ``mg.ekfac(...)``).
+    paths : optional
+        With ``structure="full"``: tune the prior of the selected parameters only (e.g. the last
+        layer), selectors as in :func:`~minigeo.laplace_posterior`.
 
     Returns
     -------
@@ -1115,7 +1478,8 @@ def optimize_prior_precision(
     GeometryError
         Eagerly: ``init <= 0``, :math:`\theta^* = m`, a non-finite curvature or likelihood, no
         convergence, or :math:`C + \alpha I` not positive definite at the result. Under ``jit`` the
-        failure is in ``status`` instead.
+        failure is in ``status`` instead.  Always: an unknown ``structure``, ``"kfac"`` without a
+        KFAC / EKFAC curvature, ``paths`` with a ``structure`` other than ``"full"``, an unknown path.
 
     Examples
     --------
@@ -1126,6 +1490,10 @@ def optimize_prior_precision(
     >>> # alpha = gamma / s = (2 / (1 + alpha)) / 2: the golden ratio's inverse
     >>> round(float(r.prior_precision), 5), round(float(r.effective_num_params), 5)
     (0.61803, 1.23607)
+    >>> # a diagonal curvature (here exact): the same root
+    >>> r = mg.optimize_prior_precision(nll, jnp.ones(2), structure="diag")
+    >>> round(float(r.prior_precision), 5)
+    0.61803
 
     References
     ----------
@@ -1133,6 +1501,7 @@ def optimize_prior_precision(
     alpha through gamma); Bishop (2006), Sec. 3.5.2. Taught in chapter 5.
     """
     who = "optimize_prior_precision"
+    _check_structure(structure, paths, who)
     neg_log_likelihood = bind_batch(neg_log_likelihood, batch)
     flat, _ = ravel(params)
     dtype = flat.dtype
@@ -1141,12 +1510,12 @@ def optimize_prior_precision(
     m = jnp.zeros_like(flat) if prior_mean is None else ravel(prior_mean)[0]
     if m.shape != flat.shape:
         raise GeometryError(f"{who}: prior_mean has {m.size} entries, params {flat.size}.")
-    s = jnp.sum((flat - m) ** 2)
+    lam, index = _structured_eigenvalues(neg_log_likelihood, params, curvature, structure, paths, max_size, who)
+    diff = flat - m if index is None else (flat - m)[jnp.asarray(index)]
+    s = jnp.sum(diff**2)
     value = neg_log_likelihood(params)
-    C = _laplace_precision(neg_log_likelihood, params, curvature, 0.0, max_size, who)
-    lam = jnp.linalg.eigvalsh(0.5 * (C + C.T))
     tol = max(100 * float(jnp.finfo(dtype).eps), 1e-12) if rtol is None else float(rtol)
-    d = flat.size
+    d = lam.size
 
     def gamma(a):
         return jnp.sum(lam / (lam + a))
@@ -1188,6 +1557,29 @@ def optimize_prior_precision(
             detail = f"alpha = {float(a):.6g} after {int(iters)} iterations; raise max_iterations or start closer (init)."
         raise_for_status(status, who, detail=detail)
     return result
+
+
+def _structured_eigenvalues(
+    neg_log_likelihood: Callable, params: PyTree, curvature: Any, structure: str, paths: Any, max_size: int, who: str
+) -> tuple[jax.Array, np.ndarray | None]:
+    """The eigenvalues of the structured likelihood curvature, flat, and the selection's positions (or None)."""
+    if curvature is not None and structure != "kfac":
+        curvature = metric_field(curvature, who)
+    if structure == "kfac":
+        basis, _ = _kronecker_basis(params, curvature, who)
+        lam = jnp.concatenate([jnp.ravel(e.eigenvalues) for e in basis])
+        lam = lam + jnp.asarray(curvature.damping, lam.dtype)
+        check_finite(lam, f"{who}: the Kronecker-factored curvature")
+        return lam.astype(ravel(params)[0].dtype), None
+    if structure == "diag":
+        c = _curvature_diagonal(neg_log_likelihood, params, curvature, max_size)
+        check_finite(c, f"{who}: the curvature's diagonal")
+        return c, None
+    if paths is None:
+        C = _laplace_precision(neg_log_likelihood, params, curvature, 0.0, max_size, who)
+        return jnp.linalg.eigvalsh(0.5 * (C + C.T)), None
+    index = _selection_index(params, paths, who)
+    return jnp.linalg.eigvalsh(_restricted_curvature(neg_log_likelihood, params, curvature, index, max_size, who)), index
 
 
 def _check_nonzero_columns(norm: jax.Array, key: str, what: str) -> None:
