@@ -407,7 +407,7 @@ def laplace_log_marginal_likelihood(
     paths : optional
         With ``structure="full"``: the evidence of the posterior over the selected parameters
         :math:`S` (e.g. the last layer), the others fixed at :math:`\theta^*`:
-        :math:`d = |S|` and :math:`\log\det(C_{SS} + \alpha I)`.
+        :math:`d = |S|` and :math:`\log\det(C_{SS} + \tau I)`.
 
     Returns
     -------
@@ -563,8 +563,8 @@ def _check_laplace_inputs(params: PyTree, prior_precision: Any, who: str) -> PyT
         alpha = float(np.asarray(prior_precision))
         if not (np.isfinite(alpha) and alpha >= 0):
             raise GeometryError(
-                f"{who}: prior_precision must be finite and >= 0 (the precision alpha of the Gaussian prior "
-                f"N(0, I / alpha); 0 is a flat prior), got {alpha!r}. A negative value would be subtracted from the "
+                f"{who}: prior_precision must be finite and >= 0 (the precision tau of the Gaussian prior "
+                f"N(0, I / tau); 0 is a flat prior), got {alpha!r}. A negative value would be subtracted from the "
                 "curvature, which no prior does."
             )
     return params
@@ -580,12 +580,12 @@ def _laplace_status(params: PyTree, prior_precision: Any, precision: jax.Array, 
 
 
 class LaplacePosterior(NamedTuple):
-    r"""The Laplace posterior :math:`\mathcal N(\theta^*, \Sigma)`, :math:`\Sigma = (C + \alpha I)^{-1}`, dense.
+    r"""The Laplace posterior :math:`\mathcal N(\theta^*, \Sigma)`, :math:`\Sigma = (C + \tau I)^{-1}`, dense.
 
-    .. math:: q(\theta) = \mathcal N\big(\theta;\ \theta^*,\ \Sigma\big),\qquad \Sigma^{-1} = C(\theta^*) + \alpha I = L L^\top.
+    .. math:: q(\theta) = \mathcal N\big(\theta;\ \theta^*,\ \Sigma\big),\qquad \Sigma^{-1} = C(\theta^*) + \tau I = L L^\top.
 
     With ``selection`` (from ``mg.laplace_posterior(..., paths=...)``, e.g. the last layer) it is the
-    Gaussian over the selected parameters :math:`S` only, :math:`\Sigma_{SS}^{-1} = C_{SS} + \alpha I`
+    Gaussian over the selected parameters :math:`S` only, :math:`\Sigma_{SS}^{-1} = C_{SS} + \tau I`
     (the principal sub-block of the curvature), every other parameter fixed at :math:`\theta^*`:
     ``precision`` and ``cholesky`` are then :math:`|S| \times |S|`, samples move only the selected
     entries, and the covariance and marginal variances are exactly 0 outside :math:`S`.
@@ -751,12 +751,12 @@ class KroneckerLaplacePosterior(NamedTuple):
     r"""The Laplace posterior with a Kronecker-factored precision, one block per dense layer (never ``d x d``).
 
     .. math:: \Sigma^{-1} = \mathrm{blockdiag}_\ell\,(Q_{A,\ell}\otimes Q_{B,\ell})\,
-        \mathrm{diag}(s_\ell + \alpha)\,(Q_{A,\ell}\otimes Q_{B,\ell})^\top,
+        \mathrm{diag}(s_\ell + \tau)\,(Q_{A,\ell}\otimes Q_{B,\ell})^\top,
 
     the KFAC or EKFAC curvature (:func:`~minigeo.kronecker.kronecker_eigenbasis`) plus the prior precision
-    :math:`\alpha`.  Log-determinant, samples and marginal variances go through the eigenbases:
-    :math:`\log\det\Sigma^{-1} = \sum_{\ell,i,j}\log(s_{\ell,ij} + \alpha)`, a sample is
-    :math:`\theta^* + \mathrm{vec}\big(Q_A [Z \oslash \sqrt{s + \alpha}] Q_B^\top\big)` per layer,
+    :math:`\tau`.  Log-determinant, samples and marginal variances go through the eigenbases:
+    :math:`\log\det\Sigma^{-1} = \sum_{\ell,i,j}\log(s_{\ell,ij} + \tau)`, a sample is
+    :math:`\theta^* + \mathrm{vec}\big(Q_A [Z \oslash \sqrt{s + \tau}] Q_B^\top\big)` per layer,
     :math:`Z` standard normal.
 
     Attributes
@@ -764,9 +764,9 @@ class KroneckerLaplacePosterior(NamedTuple):
     mean : pytree
         :math:`\theta^*`.
     blocks : tuple
-        Per layer ``(weight leaf index, bias leaf index or -1, QA, QB, s + alpha)``.
+        Per layer ``(weight leaf index, bias leaf index or -1, QA, QB, s + tau)``.
     status : jax.Array
-        int32 :class:`~minigeo.Status`: ``NOT_POSITIVE_DEFINITE`` if some :math:`s + \alpha \le 0`
+        int32 :class:`~minigeo.Status`: ``NOT_POSITIVE_DEFINITE`` if some :math:`s + \tau \le 0`
         to working precision, ``NON_FINITE`` for non-finite values; eagerly
         :func:`~minigeo.laplace_posterior` raises instead.
 
@@ -807,15 +807,15 @@ class KroneckerLaplacePosterior(NamedTuple):
         return jax.tree_util.tree_unflatten(treedef, out)
 
     def log_det_precision(self) -> jax.Array:
-        r""":math:`\log\det\Sigma^{-1} = \sum_{\ell,i,j}\log(s_{\ell,ij} + \alpha)`."""
+        r""":math:`\log\det\Sigma^{-1} = \sum_{\ell,i,j}\log(s_{\ell,ij} + \tau)`."""
         return sum(jnp.sum(jnp.log(D)) for *_, D in self.blocks)
 
     def marginal_variance(self) -> PyTree:
-        r""":math:`\operatorname{diag}\Sigma` per layer, :math:`(Q_A^{\odot 2})\,(1/(s+\alpha))\,(Q_B^{\odot 2})^\top`, shaped like the parameters."""
+        r""":math:`\operatorname{diag}\Sigma` per layer, :math:`(Q_A^{\odot 2})\,(1/(s+\tau))\,(Q_B^{\odot 2})^\top`, shaped like the parameters."""
         return self._apply(lambda QA, QB, D, dt: ((QA * QA) @ (1.0 / D) @ (QB * QB).T).astype(dt))
 
     def covariance_mv(self, v: PyTree) -> PyTree:
-        r""":math:`\Sigma v` per layer, :math:`Q_A\big((Q_A^\top V Q_B)\oslash(s+\alpha)\big)Q_B^\top` (never ``d x d``).
+        r""":math:`\Sigma v` per layer, :math:`Q_A\big((Q_A^\top V Q_B)\oslash(s+\tau)\big)Q_B^\top` (never ``d x d``).
 
         ``v`` is shaped like the parameters; :math:`V` stacks a layer's weight and bias rows.
 
@@ -905,10 +905,10 @@ jax.tree_util.register_pytree_node(KroneckerLaplacePosterior, _kronecker_flatten
 
 
 class DiagonalLaplacePosterior(NamedTuple):
-    r"""The Laplace posterior with a diagonal precision: :math:`\Sigma^{-1} = \mathrm{diag}(c) + \alpha I`.
+    r"""The Laplace posterior with a diagonal precision: :math:`\Sigma^{-1} = \mathrm{diag}(c) + \tau I`.
 
-    .. math:: \log\det\Sigma^{-1} = \sum_i \log(c_i + \alpha),\qquad
-        \theta = \theta^* + z \oslash \sqrt{c + \alpha},\quad z\sim\mathcal N(0, I),
+    .. math:: \log\det\Sigma^{-1} = \sum_i \log(c_i + \tau),\qquad
+        \theta = \theta^* + z \oslash \sqrt{c + \tau},\quad z\sim\mathcal N(0, I),
 
     :math:`c` the diagonal of the curvature (exact for a diagonal metric and for KFAC / EKFAC, whose
     diagonals are :math:`\mathrm{diag}(A)\otimes\mathrm{diag}(B)` and :math:`(Q_A^{\odot 2})\,s\,(Q_B^{\odot 2})^\top`
@@ -919,7 +919,7 @@ class DiagonalLaplacePosterior(NamedTuple):
     mean : pytree
         :math:`\theta^*`.
     precision : pytree
-        :math:`c + \alpha`, shaped like the parameters.
+        :math:`c + \tau`, shaped like the parameters.
     status : jax.Array
         int32 :class:`~minigeo.Status` (``NOT_POSITIVE_DEFINITE`` if some entry is :math:`\le 0`).
 
@@ -942,11 +942,11 @@ class DiagonalLaplacePosterior(NamedTuple):
     status: jax.Array = Status.OK
 
     def log_det_precision(self) -> jax.Array:
-        r""":math:`\sum_i \log(c_i + \alpha)`."""
+        r""":math:`\sum_i \log(c_i + \tau)`."""
         return jnp.sum(jnp.log(ravel(self.precision)[0]))
 
     def marginal_variance(self) -> PyTree:
-        r""":math:`1 / (c + \alpha)`, shaped like the parameters."""
+        r""":math:`1 / (c + \tau)`, shaped like the parameters."""
         return jax.tree_util.tree_map(lambda p: 1.0 / p, self.precision)
 
     def covariance(self, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
@@ -966,7 +966,7 @@ class DiagonalLaplacePosterior(NamedTuple):
         return jnp.diag(1.0 / prec)
 
     def covariance_mv(self, v: PyTree) -> PyTree:
-        r""":math:`\Sigma v = v \oslash (c + \alpha)`, for ``v`` shaped like the parameters.
+        r""":math:`\Sigma v = v \oslash (c + \tau)`, for ``v`` shaped like the parameters.
 
         Examples
         --------
@@ -981,7 +981,7 @@ class DiagonalLaplacePosterior(NamedTuple):
         return unravel(_flat_like(v, flat, "DiagonalLaplacePosterior.covariance_mv") / flat)
 
     def sample(self, key: jax.Array, num_samples: int) -> PyTree:
-        r"""``num_samples`` draws :math:`\theta^* + z \oslash \sqrt{c + \alpha}`, stacked on a leading axis."""
+        r"""``num_samples`` draws :math:`\theta^* + z \oslash \sqrt{c + \tau}`, stacked on a leading axis."""
         check_key(key, "DiagonalLaplacePosterior.sample")
         flat, unravel = ravel(self.mean)
         z = jax.random.normal(key, (int(num_samples), flat.size), flat.dtype)
@@ -1132,10 +1132,10 @@ def laplace_posterior(
 ) -> LaplacePosterior | KroneckerLaplacePosterior | DiagonalLaplacePosterior:
     r"""The Laplace posterior around a minimum :math:`\theta^*` of the negative log joint (dense, K-FAC, diagonal or last-layer).
 
-    .. math:: p(\theta\mid\mathcal D) \approx \mathcal N\big(\theta^*,\ (C(\theta^*) + \alpha I)^{-1}\big),
+    .. math:: p(\theta\mid\mathcal D) \approx \mathcal N\big(\theta^*,\ (C(\theta^*) + \tau I)^{-1}\big),
 
     with :math:`C` the Hessian of :math:`\mathcal L` (default) or a curvature such as the GGN, and
-    :math:`\alpha` = ``prior_precision`` (added to the diagonal, as in
+    :math:`\tau` = ``prior_precision`` (added to the diagonal, as in
     :func:`~minigeo.laplace_log_marginal_likelihood`, whose Gaussian this is).
 
     Parameters
@@ -1149,7 +1149,7 @@ def laplace_posterior(
     curvature : :class:`~minigeo.Metric`, optional
         ``None``: the exact Hessian; or e.g. ``mg.ggn(model, nll)`` (positive semi-definite).
     prior_precision : float, optional
-        :math:`\alpha`, added to the diagonal (the prior's Hessian when ``curvature`` covers the likelihood only).
+        :math:`\tau`, added to the diagonal (the prior's Hessian when ``curvature`` covers the likelihood only).
     max_size : int, optional
         Largest number of parameters for which the dense precision is formed.
     structure : {"full", "kfac", "diag"}, optional
@@ -1162,7 +1162,7 @@ def laplace_posterior(
     paths : optional
         With ``structure="full"`` only: the dense posterior over the selected parameters :math:`S`
         (e.g. the last layer, ``paths=[("head", "W"), ("head", "b")]``), precision
-        :math:`C_{SS} + \alpha I` (the principal sub-block, from :math:`|S|` curvature products,
+        :math:`C_{SS} + \tau I` (the principal sub-block, from :math:`|S|` curvature products,
         ``max_size`` bounds :math:`|S|`), every other parameter fixed at :math:`\theta^*`.
         Selectors as in :func:`~minigeo.top_eigenvalues` (leaf paths, or ``(path, index)`` for a
         sub-array); the result's ``selection`` lists the selected flat positions.
@@ -1280,7 +1280,7 @@ def glm_predictive(
     with ``paths``): :math:`S_n = A_n^\top A_n` with :math:`A_n = L^{-1}J_n^\top` (no inverse of the
     precision; with ``paths`` :math:`J_n` is differentiated w.r.t. the selected entries only).
     K-FAC and diagonal: :math:`S_{n,kl} = (J_n^\top e_k)^\top\,\Sigma\,(J_n^\top e_l)` from :math:`K`
-    vector-Jacobian products and :meth:`covariance_mv`, never a ``d x d`` matrix.  Exact for a model
+    vector-Jacobian products and the posterior's ``covariance_mv``, never a ``d x d`` matrix.  Exact for a model
     linear in :math:`\theta` (Bayesian linear regression). For regression with noise variance
     :math:`\sigma^2`, the predictive of a new target adds :math:`\sigma^2 I`.
 
@@ -1369,16 +1369,16 @@ def glm_predictive(
 
 
 class PriorPrecision(NamedTuple):
-    r"""The evidence-maximizing prior precision :math:`\alpha` of an isotropic Gaussian prior.
+    r"""The evidence-maximizing prior precision :math:`\tau` of an isotropic Gaussian prior.
 
     Attributes
     ----------
     prior_precision : jax.Array
-        :math:`\alpha`, the root of :math:`\alpha = \gamma(\alpha)/\lVert\theta^*-m\rVert^2`.
+        :math:`\tau`, the root of :math:`\tau = \gamma(\tau)/\lVert\theta^*-m\rVert^2`.
     log_z : jax.Array
-        The Laplace log evidence at :math:`\alpha` (likelihood, prior and Gaussian normalizer).
+        The Laplace log evidence at :math:`\tau` (likelihood, prior and Gaussian normalizer).
     effective_num_params : jax.Array
-        :math:`\gamma = \sum_i \lambda_i/(\lambda_i+\alpha)`, the well-determined directions.
+        :math:`\gamma = \sum_i \lambda_i/(\lambda_i+\tau)`, the well-determined directions.
     num_iterations : jax.Array
         Fixed-point iterations used.
     status : jax.Array
@@ -1419,18 +1419,18 @@ def optimize_prior_precision(
     structure: str = "full",
     paths: Any = None,
 ) -> PriorPrecision:
-    r"""MacKay's fixed point for the prior precision :math:`\alpha` of :math:`\mathcal N(m, \alpha^{-1}I)` that maximizes the Laplace evidence.
+    r"""MacKay's fixed point for the prior precision :math:`\tau` of :math:`\mathcal N(m, \tau^{-1}I)` that maximizes the Laplace evidence.
 
     With :math:`\lambda_i` the eigenvalues of the likelihood curvature :math:`C` at :math:`\theta^*` and
     :math:`s = \lVert\theta^*-m\rVert^2`, the Laplace log evidence is
 
-    .. math:: \log Z(\alpha) = -\mathcal L_{\mathrm{lik}}(\theta^*) - \tfrac\alpha2 s + \tfrac d2\log\alpha
-        - \tfrac12\sum_i\log(\lambda_i+\alpha),
+    .. math:: \log Z(\tau) = -\mathcal L_{\mathrm{lik}}(\theta^*) - \tfrac\tau2 s + \tfrac d2\log\tau
+        - \tfrac12\sum_i\log(\lambda_i+\tau),
 
-    (the prior's and the Gaussian's :math:`\frac d2\log 2\pi` cancel), and :math:`d\log Z/d\alpha = 0` is
-    :math:`\alpha = \gamma(\alpha)/s` with :math:`\gamma(\alpha) = \sum_i \lambda_i/(\lambda_i+\alpha)`,
+    (the prior's and the Gaussian's :math:`\frac d2\log 2\pi` cancel), and :math:`d\log Z/d\tau = 0` is
+    :math:`\tau = \gamma(\tau)/s` with :math:`\gamma(\tau) = \sum_i \lambda_i/(\lambda_i+\tau)`,
     iterated from ``init`` until the relative change is below ``rtol``. :math:`\theta^*` is held fixed
-    (post hoc); for a model whose MAP moves with :math:`\alpha`, alternate refitting and this call.
+    (post hoc); for a model whose MAP moves with :math:`\tau`, alternate refitting and this call.
 
     The same fixed point for every structure of :func:`~minigeo.laplace_posterior`, with
     :math:`\lambda_i` the eigenvalues of the structured curvature: ``"kfac"`` the per-layer
@@ -1454,9 +1454,9 @@ def optimize_prior_precision(
     prior_mean : pytree, optional
         :math:`m` (default 0).
     init : float, optional
-        Starting :math:`\alpha > 0`.
+        Starting :math:`\tau > 0`.
     rtol : float, optional
-        Relative tolerance on :math:`\alpha` (default ``100 * eps`` of the dtype, at least 1e-12).
+        Relative tolerance on :math:`\tau` (default ``100 * eps`` of the dtype, at least 1e-12).
     max_iterations : int, optional
         Iteration cap (``status = MAX_ITERATIONS`` beyond it).
     max_size : int, optional
@@ -1471,13 +1471,13 @@ def optimize_prior_precision(
     Returns
     -------
     :class:`~minigeo.densities.PriorPrecision`
-        :math:`\alpha`, the log evidence there, :math:`\gamma`, the iterations and a status.
+        :math:`\tau`, the log evidence there, :math:`\gamma`, the iterations and a status.
 
     Raises
     ------
     GeometryError
         Eagerly: ``init <= 0``, :math:`\theta^* = m`, a non-finite curvature or likelihood, no
-        convergence, or :math:`C + \alpha I` not positive definite at the result. Under ``jit`` the
+        convergence, or :math:`C + \tau I` not positive definite at the result. Under ``jit`` the
         failure is in ``status`` instead.  Always: an unknown ``structure``, ``"kfac"`` without a
         KFAC / EKFAC curvature, ``paths`` with a ``structure`` other than ``"full"``, an unknown path.
 
@@ -1486,8 +1486,8 @@ def optimize_prior_precision(
     >>> import jax.numpy as jnp
     >>> import minigeo as mg
     >>> nll = lambda w: 0.5 * jnp.sum((w - 2.0) ** 2)  # one observation per weight
-    >>> r = mg.optimize_prior_precision(nll, jnp.ones(2))  # the MAP at alpha = 1
-    >>> # alpha = gamma / s = (2 / (1 + alpha)) / 2: the golden ratio's inverse
+    >>> r = mg.optimize_prior_precision(nll, jnp.ones(2))  # the MAP at tau = 1
+    >>> # tau = gamma / s = (2 / (1 + tau)) / 2: the golden ratio's inverse
     >>> round(float(r.prior_precision), 5), round(float(r.effective_num_params), 5)
     (0.61803, 1.23607)
     >>> # a diagonal curvature (here exact): the same root
@@ -1498,7 +1498,7 @@ def optimize_prior_precision(
     References
     ----------
     No formula from the source papers: MacKay (1992), *Bayesian interpolation* (the re-estimation of
-    alpha through gamma); Bishop (2006), Sec. 3.5.2. Taught in chapter 5.
+    the prior precision, his alpha, through gamma); Bishop (2006), Sec. 3.5.2. Taught in chapter 5.
     """
     who = "optimize_prior_precision"
     _check_structure(structure, paths, who)
@@ -1551,10 +1551,10 @@ def optimize_prior_precision(
         elif int(status) == Status.NOT_POSITIVE_DEFINITE:
             detail = (
                 f"The likelihood curvature has eigenvalue {float(jnp.min(lam)):.3g} and the iteration reached "
-                f"alpha = {float(a):.3g}: C + alpha I is not positive definite, params is not a minimum of the joint."
+                f"tau = {float(a):.3g}: C + tau I is not positive definite, params is not a minimum of the joint."
             )
         elif int(status) == Status.MAX_ITERATIONS:
-            detail = f"alpha = {float(a):.6g} after {int(iters)} iterations; raise max_iterations or start closer (init)."
+            detail = f"tau = {float(a):.6g} after {int(iters)} iterations; raise max_iterations or start closer (init)."
         raise_for_status(status, who, detail=detail)
     return result
 
