@@ -662,8 +662,8 @@ def ekfac(
 ) -> Metric:
     r"""EKFAC: KFAC's Kronecker eigenbasis with the exact second moments of the gradients as eigenvalues.
 
-    .. math:: G(\theta) \approx \mathrm{blockdiag}_\ell\,(Q_A\otimes Q_B)\,\mathrm{diag}(s)\,(Q_A\otimes Q_B)^\top,
-        \qquad s_{ij} = c\sum_n (q_{A,i}^\top \bar x_n)^2 \sum_r (q_{B,j}^\top g_{n,r})^2,
+    .. math:: G(\theta) &\approx \mathrm{blockdiag}_\ell\,(Q_A\otimes Q_B)\,\mathrm{diag}(s)\,(Q_A\otimes Q_B)^\top,\\
+        s_{ij} &= c\sum_n (q_{A,i}^\top \bar x_n)^2 \sum_r (q_{B,j}^\top g_{n,r})^2,
 
     :math:`Q_A, Q_B` the eigenvectors of :func:`~minigeo.kfac`'s factors of each layer, :math:`\bar x_n` and
     :math:`g_{n,r}` as there.  :math:`s` is the diagonal of the exact GGN / Fisher block in that

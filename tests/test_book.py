@@ -203,3 +203,34 @@ def test_build_and_tests_run_notebooks_in_batch_mode():
 def test_cell_ids_are_unique(nb):
     ids = [c.get("id") for c in json.loads(nb.read_text())["cells"]]
     assert len(ids) == len(set(ids)), f"{nb.name}: duplicate cell ids (nbformat renames them on read)"
+
+
+# The rendered column of a code cell (scripts/check_rendered_book.py measures it in a browser):
+# 96 characters of the theme's code font in the main text, fewer inside an exercise or solution
+# box (its border and padding): there a cell with a line of 89 characters scrolled sideways and
+# one of 87 did not (fresh-clone rehearsal of 2026-11-29).
+CODE_COLUMNS = {"main text": 96, "exercise or solution box": 87}
+
+
+def code_lines_by_place(path: Path) -> dict[str, list[str]]:
+    """Every code cell's lines, by where the cell renders: inside an exercise/solution box or not."""
+    place, out = "main text", {k: [] for k in CODE_COLUMNS}
+    for cell in json.loads(path.read_text())["cells"]:
+        src = "".join(cell["source"])
+        if cell["cell_type"] == "markdown":
+            for m in re.finditer(r"\{(exercise|solution)-(start|end)\}", src):
+                place = "exercise or solution box" if m.group(2) == "start" else "main text"
+        else:
+            out[place] += src.split("\n")
+    return out
+
+
+@pytest.mark.parametrize("nb", NOTEBOOKS, ids=lambda p: p.name)
+def test_code_lines_fit_the_rendered_column(nb):
+    too_long = [
+        f"{place} ({len(line)} > {CODE_COLUMNS[place]}): {line.strip()[:60]}"
+        for place, lines in code_lines_by_place(nb).items()
+        for line in lines
+        if len(line) > CODE_COLUMNS[place]
+    ]
+    assert not too_long, too_long
