@@ -207,19 +207,22 @@ def test_cell_ids_are_unique(nb):
 
 # The rendered column of a code cell (scripts/check_rendered_book.py measures it in a browser):
 # 96 characters of the theme's code font in the main text, fewer inside an exercise or solution
-# box (its border and padding): there a cell with a line of 89 characters scrolled sideways and
-# one of 87 did not (fresh-clone rehearsal of 2026-11-29).
-CODE_COLUMNS = {"main text": 96, "exercise or solution box": 87}
+# box and in a collapsed (hide-input) cell, which the check opens (their borders and padding):
+# in a box a line of 89 characters scrolled sideways and one of 87 did not; in a collapsed cell
+# 95 scrolled and 93 did not (fresh-clone rehearsals of 2026-11-29).
+CODE_COLUMNS = {"main text": 96, "collapsed cell": 93, "exercise or solution box": 87}
 
 
 def code_lines_by_place(path: Path) -> dict[str, list[str]]:
-    """Every code cell's lines, by where the cell renders: inside an exercise/solution box or not."""
+    """Every code cell's lines, by where the cell renders: an exercise/solution box, a collapsed cell, or the main text."""
     place, out = "main text", {k: [] for k in CODE_COLUMNS}
     for cell in json.loads(path.read_text())["cells"]:
         src = "".join(cell["source"])
         if cell["cell_type"] == "markdown":
             for m in re.finditer(r"\{(exercise|solution)-(start|end)\}", src):
                 place = "exercise or solution box" if m.group(2) == "start" else "main text"
+        elif place == "main text" and "hide-input" in cell.get("metadata", {}).get("tags", []):
+            out["collapsed cell"] += src.split("\n")
         else:
             out[place] += src.split("\n")
     return out
