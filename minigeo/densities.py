@@ -796,14 +796,17 @@ class KroneckerLaplacePosterior(NamedTuple):
     blocks: tuple
     status: jax.Array = Status.OK
 
-    def _apply(self, fn: Callable) -> PyTree:
-        leaves, treedef = jax.tree_util.tree_flatten(self.mean)
-        out = list(leaves)
+    def _apply(self, fn: Callable, leaves: list | None = None) -> PyTree:
+        """Per layer ``R = fn(QA, QB, D, V)``, written back as the weight rows and the bias row of the
+        parameters; ``V`` stacks the same rows of ``leaves`` (``None`` without ``leaves``)."""
+        mean, treedef = jax.tree_util.tree_flatten(self.mean)
+        out = list(mean if leaves is None else leaves)
         for w, b, QA, QB, D in self.blocks:
-            V = fn(QA, QB, D, leaves[w].dtype)
-            out[w] = V[: leaves[w].shape[0]]
+            V = None if leaves is None else (leaves[w] if b < 0 else jnp.concatenate([leaves[w], leaves[b][None]], 0))
+            R = fn(QA, QB, D, V).astype(mean[w].dtype)
+            out[w] = R[: mean[w].shape[0]]
             if b >= 0:
-                out[b] = V[leaves[w].shape[0]]
+                out[b] = R[mean[w].shape[0]]
         return jax.tree_util.tree_unflatten(treedef, out)
 
     def log_det_precision(self) -> jax.Array:
@@ -812,7 +815,7 @@ class KroneckerLaplacePosterior(NamedTuple):
 
     def marginal_variance(self) -> PyTree:
         r""":math:`\operatorname{diag}\Sigma` per layer, :math:`(Q_A^{\odot 2})\,(1/(s+\tau))\,(Q_B^{\odot 2})^\top`, shaped like the parameters."""
-        return self._apply(lambda QA, QB, D, dt: ((QA * QA) @ (1.0 / D) @ (QB * QB).T).astype(dt))
+        return self._apply(lambda QA, QB, D, _: (QA * QA) @ (1.0 / D) @ (QB * QB).T)
 
     def covariance_mv(self, v: PyTree) -> PyTree:
         r""":math:`\Sigma v` per layer, :math:`Q_A\big((Q_A^\top V Q_B)\oslash(s+\tau)\big)Q_B^\top` (never ``d x d``).
@@ -840,14 +843,7 @@ class KroneckerLaplacePosterior(NamedTuple):
                 "KroneckerLaplacePosterior.covariance_mv: v must be shaped like the parameters "
                 f"(leaf shapes {[jnp.shape(a) for a in mean_leaves]}); got {[jnp.shape(a) for a in leaves]}."
             )
-        out = list(leaves)
-        for w, b, QA, QB, D in self.blocks:
-            V = leaves[w] if b < 0 else jnp.concatenate([leaves[w], leaves[b][None]], axis=0)
-            R = (QA @ ((QA.T @ V.astype(D.dtype) @ QB) / D) @ QB.T).astype(leaves[w].dtype)
-            out[w] = R[: leaves[w].shape[0]]
-            if b >= 0:
-                out[b] = R[leaves[w].shape[0]]
-        return jax.tree_util.tree_unflatten(jax.tree_util.tree_structure(self.mean), out)
+        return self._apply(lambda QA, QB, D, V: QA @ ((QA.T @ V.astype(D.dtype) @ QB) / D) @ QB.T, leaves)
 
     def covariance(self, max_size: int = DEFAULT_MAX_DENSE_SIZE) -> jax.Array:
         r"""The dense :math:`\Sigma` over the flattened parameters, ``(d, d)``, for small models (checks, plots).
