@@ -55,7 +55,7 @@ from ._checks import GeometryError, as_float_point, check_finite, check_key, spl
 from ._compile import jit_per_callable
 from ._status import Status
 from ._tree import PyTree
-from .metrics import Likelihood, Metric, categorical_likelihood, gaussian_likelihood
+from .metrics import Likelihood, Metric, _as_likelihood, categorical_likelihood
 
 __all__ = ["KroneckerFactor", "KroneckerEigenbasis", "kfac", "ekfac", "kfac_factors", "kronecker_eigenbasis"]
 
@@ -243,19 +243,6 @@ def _run(closed: Any, leaves: list, probes: list, layers: list[_Layer]) -> tuple
 # ---------------------------------------------------------------------------
 # the statistics: layer inputs and backpropagated output-side factors
 # ---------------------------------------------------------------------------
-def _as_likelihood(likelihood: Union[str, Likelihood], who: str) -> Likelihood:
-    if isinstance(likelihood, Likelihood):
-        return likelihood
-    if likelihood == "categorical":
-        return categorical_likelihood()
-    if likelihood == "gaussian":
-        return gaussian_likelihood()
-    raise GeometryError(
-        f"{who}: unknown likelihood {likelihood!r}; use 'categorical', 'gaussian', or a Likelihood from "
-        "categorical_likelihood() / gaussian_likelihood(sigma)."
-    )
-
-
 _CATEGORICAL_FISHER_MV = categorical_likelihood().fisher_mv
 
 

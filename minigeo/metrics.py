@@ -322,7 +322,8 @@ def gaussian_likelihood(sigma: float = 1.0) -> Likelihood:
     return Likelihood("gaussian", fisher_mv, sample, nll)
 
 
-def _as_likelihood(likelihood: Union[str, Likelihood]) -> Likelihood:
+def _as_likelihood(likelihood: Union[str, Likelihood], who: str) -> Likelihood:
+    """The :class:`Likelihood` that ``likelihood`` names (``"categorical"``, ``"gaussian"``) or is."""
     if isinstance(likelihood, Likelihood):
         return likelihood
     if likelihood == "categorical":
@@ -330,7 +331,7 @@ def _as_likelihood(likelihood: Union[str, Likelihood]) -> Likelihood:
     if likelihood == "gaussian":
         return gaussian_likelihood()
     raise GeometryError(
-        f"fisher: unknown likelihood {likelihood!r}; use 'categorical', 'gaussian', or a Likelihood from "
+        f"{who}: unknown likelihood {likelihood!r}; use 'categorical', 'gaussian', or a Likelihood from "
         "categorical_likelihood() / gaussian_likelihood(sigma)."
     )
 
@@ -421,7 +422,7 @@ def fisher(
     Kristiadi, Dangel & Hennig (2023), Sec. 3.4, eq. (12); Grosse (2022), CSC2541 lecture 3 *Metrics*
     (Fisher as the pullback of the KL Hessian). Chapter 2.
     """
-    lik = _as_likelihood(likelihood)
+    lik = _as_likelihood(likelihood, "fisher")
     model_fn, _ = _on_batch(model_fn, None, batch, "fisher")
     if mc_samples is None:
         return Metric(Derived(_fisher_rule, (model_fn, lik.fisher_mv), {"reduction": reduction}), f"Fisher ({lik.name})")
@@ -741,7 +742,7 @@ def fisher_diagonal(
     ----------
     Kristiadi, Dangel & Hennig (2023), Sec. 3.4, eq. (12) (the Fisher); its diagonal, exactly. Chapter 2.
     """
-    lik = _as_likelihood(likelihood)
+    lik = _as_likelihood(likelihood, "fisher_diagonal")
     params = _point(params)
     f, _ = _on_batch(model_fn, None, batch, "fisher_diagonal")
     _scale(reduction, 1, "fisher_diagonal")
