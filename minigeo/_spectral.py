@@ -724,10 +724,15 @@ def _metric_square_root_rows(metric: Metric | None, params: PyTree, xi: jax.Arra
         return xi * jnp.sqrt(w)
     if metric.matrix_fn is not None:
         return xi @ checked_dense_factor(metric, params, who).T
+    square_root = getattr(metric.mv_fn, "square_root", None)  # KFAC / EKFAC: (G + eps I)^{1/2} by layer
+    if square_root is not None:
+        unravel = ravel(params)[1]
+        return jax.vmap(lambda x: ravel(square_root(params, unravel(x), metric.damping))[0])(xi)
     raise GeometryError(
         f"{who}: the probes of an unbiased invariant density need a factor G = L L^T of the metric, which the "
-        f"matrix-free {metric.name} metric does not give. Pass mg.metrics.dense(...) or mg.metrics.diagonal(...), "
-        "or pass probes= covectors drawn with covariance G (e.g. J^T xi for a GGN G = J^T J)."
+        f"matrix-free {metric.name} metric does not give. Pass mg.metrics.dense(...), mg.metrics.diagonal(...), "
+        "mg.kfac(...) or mg.ekfac(...), or pass probes= covectors drawn with covariance G (e.g. J^T xi for a GGN "
+        "G = J^T J)."
     )
 
 

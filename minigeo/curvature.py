@@ -954,11 +954,13 @@ def spectral_density(
     :math:`\theta = \phi(\vartheta)`, :math:`J = D\phi`), the numbers agree to round-off; the
     density of the plain Hessian (``metric=None``) changes with the chart.
 
-    **Metric.**  ``None``, a diagonal metric (``mg.metrics.diagonal``) or a dense one
-    (``mg.metrics.dense``, Cholesky-factored at ``params``) draw the probes; for a matrix-free metric
-    pass ``probes=`` covectors with covariance :math:`G` (e.g. :math:`J^\top\xi` for a GGN
+    **Metric.**  ``None``, a diagonal metric (``mg.metrics.diagonal``), a dense one
+    (``mg.metrics.dense``, Cholesky-factored at ``params``), :func:`~minigeo.kfac` and
+    :func:`~minigeo.ekfac` (:math:`(G+\epsilon I)^{1/2}\xi` through each layer's Kronecker
+    eigenbasis, no :math:`d\times d` matrix) draw the probes; for another matrix-free metric pass
+    ``probes=`` covectors with covariance :math:`G` (e.g. :math:`J^\top\xi` for a GGN
     :math:`J^\top J`).  Solves with :math:`G` are by conjugate gradients (``tol``, ``maxiter``) except
-    for a diagonal metric.
+    for a diagonal metric and the factored solves of KFAC and EKFAC.
 
     Parameters
     ----------
@@ -971,7 +973,8 @@ def spectral_density(
     batch : pytree, optional
         The data: with ``batch``, ``f`` is called as ``f(params, batch)``; without, ``f(params)``.
     metric : :class:`~minigeo.Metric` or None, optional
-        ``None`` (the density of :math:`H`), a diagonal or a dense Metric.
+        ``None`` (the density of :math:`H`), a diagonal, dense, KFAC or EKFAC Metric (or any Metric
+        with ``probes=``).
     num_probes : int, optional
         Probes :math:`P`; the moments' standard errors fall like :math:`1/\sqrt P`.
     num_iterations : int, optional
@@ -997,8 +1000,8 @@ def spectral_density(
     ------
     GeometryError
         If ``num_probes`` or ``num_iterations`` is not a positive int, ``key`` is not a PRNG key,
-        ``probes`` has the wrong shape, the metric is matrix-free without ``probes``, a dense metric is
-        not positive definite, or (eagerly) a product or solve is not finite.
+        ``probes`` has the wrong shape, the metric is matrix-free (and not KFAC / EKFAC) without
+        ``probes``, a dense metric is not positive definite, or (eagerly) a product or solve is not finite.
 
     Examples
     --------

@@ -358,11 +358,13 @@ def _check_point(params: PyTree, treedef: Any, shapes: list, who: str) -> list:
 
 
 class _FactoredProduct:
-    """The product function of a Kronecker-factored metric, holding its eigenbasis (read by
-    :func:`kronecker_eigenbasis`)."""
+    r"""The product function of a Kronecker-factored metric, holding its eigenbasis (read by
+    :func:`kronecker_eigenbasis`) and its symmetric square root ``square_root(params, v, damping)``,
+    :math:`(G + \epsilon I)^{1/2} v` (read by the spectral density's probes, which need a factor of
+    the metric and cannot import this module)."""
 
-    def __init__(self, mv: Callable, eigenbasis: Callable[[], list]) -> None:
-        self._mv, self.eigenbasis = mv, eigenbasis
+    def __init__(self, mv: Callable, eigenbasis: Callable[[], list], square_root: Callable) -> None:
+        self._mv, self.eigenbasis, self.square_root = mv, eigenbasis, square_root
 
     def __call__(self, params: PyTree, v: PyTree) -> PyTree:
         return self._mv(params, v)
@@ -395,11 +397,7 @@ def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks:
         ok, finite = jnp.asarray(True), jnp.asarray(True)
         for layer, block in zip(layers, blocks):
             V = _stack(rs, layer)
-            if kind == "kfac":
-                lamA, QA, lamB, QB = (b.astype(V.dtype) for b in block[2:])
-                S = lamA[:, None] * lamB[None, :]
-            else:
-                S, QA, QB = (b.astype(V.dtype) for b in block)
+            S, QA, QB = (b.astype(V.dtype) for b in _eigen_block(block, kind))
             D = S + damping
             eps = jnp.finfo(V.dtype).eps
             ok = ok & (jnp.min(D) > max(D.shape) * eps * jnp.max(jnp.abs(D)))
@@ -411,19 +409,33 @@ def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks:
         out = [jnp.where(status == Status.OK, x, jnp.nan) for x in out]
         return jax.tree_util.tree_unflatten(treedef, out), status
 
+    def square_root(params: PyTree, v: PyTree, damping: Any) -> PyTree:
+        _check_point(params, treedef, shapes, name)
+        vs = jax.tree_util.tree_leaves(v)
+        out = list(vs)
+        for layer, block in zip(layers, blocks):
+            V = _stack(vs, layer)
+            S, QA, QB = (b.astype(V.dtype) for b in _eigen_block(block, kind))
+            _unstack(out, layer, QA @ ((QA.T @ V @ QB) * jnp.sqrt(S + damping)) @ QB.T)
+        return jax.tree_util.tree_unflatten(treedef, out)
+
     def eigenbasis() -> list[KroneckerEigenbasis]:
         out = []
         for layer, block in zip(layers, blocks):
-            if kind == "kfac":
-                lamA, QA, lamB, QB = block[2:]
-                S = lamA[:, None] * lamB[None, :]
-            else:
-                S, QA, QB = block
+            S, QA, QB = _eigen_block(block, kind)
             bias = None if layer.bias is None else paths[layer.bias]
             out.append(KroneckerEigenbasis(paths[layer.weight], bias, QA, QB, S))
         return out
 
-    return Metric(_FactoredProduct(mv, eigenbasis), name, solve_fn=solve)
+    return Metric(_FactoredProduct(mv, eigenbasis, square_root), name, solve_fn=solve)
+
+
+def _eigen_block(block: tuple, kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
+    r"""``(S, Q_A, Q_B)`` of one layer's block, :math:`G_\ell = (Q_A\otimes Q_B)\,\mathrm{diag}(S)\,(Q_A\otimes Q_B)^\top`."""
+    if kind == "kfac":
+        lamA, QA, lamB, QB = block[2:]
+        return lamA[:, None] * lamB[None, :], QA, QB
+    return block
 
 
 def kronecker_eigenbasis(metric: Metric) -> list[KroneckerEigenbasis]:

@@ -877,7 +877,7 @@ class CurvatureOperator:
             Must allow several passes (a list, :func:`~minigeo.operators.batches_of`, or a function returning a
             fresh iterator).
         metric : :class:`~minigeo.Metric` or None, optional
-            ``None``, a diagonal or a dense Metric (or any Metric with ``probes=``).
+            ``None``, a diagonal, dense, KFAC or EKFAC Metric (or any Metric with ``probes=``).
         num_probes, num_iterations : int, optional
             Probes and Lanczos steps per probe.
         probes : array or pytree, optional

@@ -620,3 +620,33 @@ def test_estimators_solve_a_kfac_metric_through_its_factors(dtype):
     est, se = mg.trace_estimate(loss, params, key, metric=K, num_probes=200, maxiter=1)
     exact = float(np.trace(np.linalg.solve(Kd, H)))
     assert abs(float(est) - exact) < 5 * float(se) + tol(dtype, 1e3) * abs(exact), (float(est), exact, float(se))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("maker", [mg.kfac, mg.ekfac], ids=["kfac", "ekfac"])
+def test_spectral_density_draws_probes_from_the_factored_square_root(dtype, maker):
+    """Without probes=, a KFAC / EKFAC metric draws z = (G + eps I)^{1/2} xi through its factors; the
+    density equals the one from probes built with the dense symmetric square root (numpy eigh)."""
+    params, model, X = mlp(seed=3, dtype=dtype)
+    t = jnp.asarray(rng(4).integers(0, 4, size=X.shape[0]))
+
+    def loss(p, batch):
+        x, y = batch
+        return jnp.mean(-jnp.take_along_axis(jax.nn.log_softmax(model(p, x)), y[:, None], axis=1))
+
+    G = maker(model, "categorical", params, batch=(X, None)).with_damping(0.05)
+    Gd = np.asarray(G.dense(params), np.float64)
+    lam, Q = np.linalg.eigh(0.5 * (Gd + Gd.T))
+    L = Q @ np.diag(np.sqrt(lam)) @ Q.T
+    d, P, m = Gd.shape[0], 4, 5
+    key = jax.random.PRNGKey(7)
+    xi = np.asarray(jax.random.rademacher(key, (P, d), dtype=dtype), np.float64)
+    drawn = mg.spectral_density(loss, params, key, batch=(X, t), metric=G, num_probes=P, num_iterations=m)
+    given = mg.spectral_density(loss, params, key, batch=(X, t), metric=G, probes=jnp.asarray(xi @ L.T, dtype),
+                                num_iterations=m)
+    cond = lam.max() / lam.min()
+    scale = float(np.max(np.abs(given.nodes)))
+    np.testing.assert_allclose(drawn.nodes, given.nodes, atol=tol(dtype, 1e2) * cond * scale)
+    np.testing.assert_allclose(drawn.weights, given.weights, atol=tol(dtype, 1e2) * cond)
+    # the probes' G^-1-norms are xi^T xi = d: every probe's weights sum to one
+    np.testing.assert_allclose(np.asarray(drawn.weights.sum(axis=1)), 1.0, rtol=tol(dtype, 1e2))
