@@ -28,14 +28,20 @@ second moments of the per-example gradients in that basis, the diagonal of the e
     = \big[(Q_A\otimes Q_B)^\top G_{(W,b)} (Q_A\otimes Q_B)\big]_{(ij),(ij)}.
 
 It is the Frobenius-nearest matrix to the exact block among those with that eigenbasis, so never
-farther from the exact GGN than KFAC.
+farther from the exact GGN than KFAC.  For a layer shared by tokens the per-example gradient is
+:math:`\sum_t \bar x_{nt} g_{nt,r}^\top`, and :math:`s` is still the diagonal of the exact block,
+products of different tokens included (as curvlinops' ``EKFACLinearOperator``); only the eigenbasis
+depends on ``weight_sharing``.
 
 **Which parameters.**  Dense layers are found in the model's program (``jax.make_jaxpr``): a
 parameter leaf ``W`` of two axes used exactly once, as the right operand of a matrix product
 ``x @ W`` that contracts the last axis of inputs ``x`` of shape ``(N, in)`` (``N`` the batch of the
 outputs) with ``W``'s first axis; its bias is a parameter leaf of one axis used only to be added to
-that product.  Every other parameter (a LayerNorm scale, a convolution kernel, per-head attention
-weights, a weight used twice or applied to tokens, a product inside a nested ``jax.jit``) raises
+that product.  A layer applied to every token, inputs ``(N, *T, in)`` (a transformer's MLP, a patch
+embedding), is a dense layer too, its weight shared by the tokens; ``weight_sharing="expand"`` or
+``"reduce"`` says how the tokens enter the factors (Eschenhagen et al. 2023, *Kronecker-Factored
+Approximate Curvature for Modern Neural Network Architectures*, NeurIPS).  Every other parameter (a LayerNorm scale, a convolution kernel, per-head attention
+weights, a weight used twice, a product inside a nested ``jax.jit`` or a ``lax.scan``) raises
 :class:`~minigeo.GeometryError` naming it: KFAC has no Kronecker factors for it, and minigeo does not
 silently give it an identity or diagonal block.  The examples must not interact (no batch
 statistics): the backpropagated factors of all examples are taken from one backward pass per
@@ -147,6 +153,7 @@ class _Layer(NamedTuple):
     bias: int | None
     n_in: int
     n_out: int
+    out_shape: tuple  # (N, *tokens, out): the product's shape; tokens () for a layer applied once per example
 
 
 # ---------------------------------------------------------------------------
@@ -180,21 +187,20 @@ def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list
             if i < 0 or eqns[i].primitive.name != "add":
                 continue
             other = eqns[i].invars[1 - pos]
-            if not _is_var(other):
+            chain = []  # a bias leaf, broadcast (one or more single-use broadcast_in_dim) along the other axes
+            while _is_var(other) and other not in index and single_use(other):
+                e = producer.get(other)
+                if e is None or e.primitive.name != "broadcast_in_dim":
+                    break
+                chain.append(e)
+                other = e.invars[0]
+            if not (_is_var(other) and other in index and leaf_shapes[index[other]] == (n_out,) and single_use(other)):
                 continue
-            if other in index and leaf_shapes[index[other]] == (n_out,) and single_use(other):
+            axis = 0  # where the leaf's axis lands: it must be the last axis of the sum
+            for e in reversed(chain):
+                axis = e.params["broadcast_dimensions"][axis]
+            if axis == len(y.aval.shape) - 1:
                 return index[other]
-            e = producer.get(other)  # a broadcast of a bias leaf along the batch axis
-            if e is not None and e.primitive.name == "broadcast_in_dim" and single_use(other):
-                src = e.invars[0]
-                if (
-                    _is_var(src)
-                    and src in index
-                    and leaf_shapes[index[src]] == (n_out,)
-                    and single_use(src)
-                    and tuple(e.params["broadcast_dimensions"]) == (len(e.outvars[0].aval.shape) - 1,)
-                ):
-                    return index[src]
         return None
 
     layers = []
@@ -206,11 +212,12 @@ def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list
             continue
         (lc, rc), (lb, rb) = eqns[i].params["dimension_numbers"]
         x = eqns[i].invars[0]
-        shape = tuple(x.aval.shape)
-        if tuple(rc) != (0,) or tuple(lc) != (1,) or lb or rb or len(shape) != 2 or shape[0] != batch:
+        shape = tuple(x.aval.shape)  # (N, in), or (N, *tokens, in) for a layer shared by tokens
+        if tuple(rc) != (0,) or tuple(lc) != (len(shape) - 1,) or lb or rb or len(shape) < 2 or shape[0] != batch:
             continue
         n_in, n_out = leaf_shapes[k]
-        layers.append(_Layer(i, k, bias_of(eqns[i].outvars[0], n_out), n_in, n_out))
+        y = eqns[i].outvars[0]
+        layers.append(_Layer(i, k, bias_of(y, n_out), n_in, n_out, tuple(y.aval.shape)))
     layers.sort(key=lambda layer: layer.eqn)
     taken = {layer.weight for layer in layers} | {layer.bias for layer in layers if layer.bias is not None}
     return layers, [k for k in range(len(leaf_shapes)) if k not in taken]
@@ -259,12 +266,28 @@ def _output_factor(lik: Likelihood, z: jax.Array) -> jax.Array:
     return q * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]
 
 
+def _kronecker_pair(x: jax.Array, g: jax.Array, c: float, weight_sharing: str) -> tuple[jax.Array, jax.Array]:
+    r"""``(A, B)`` of one layer from its inputs ``x`` ``(N, T, in)`` and columns ``g`` ``(R, N, T, out)``.
+
+    :math:`A = \frac1M\sum_u \bar x_u\bar x_u^\top`, :math:`B = c\sum_{u,r} g_{u,r}g_{u,r}^\top` over
+    ``M`` units ``u``: ``"expand"``, every (example, token), :math:`M = NT`; ``"reduce"``, every example,
+    with the mean of its inputs and the sum of its columns (:math:`\sum_t \bar x_t g_t^\top \approx
+    \bar x\,(\sum_t g_t)^\top`), :math:`M = N`.  For a layer applied once per example (``T = 1``) both
+    are the same."""
+    if weight_sharing == "expand":
+        x, g = x.reshape(-1, x.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
+    else:
+        x, g = jnp.mean(x, axis=1), jnp.sum(g, axis=2)
+    return x.T @ x / x.shape[0], c * jnp.einsum("rno,rnp->op", g, g)
+
+
 def _statistics(f: Callable, lik: Likelihood, reduction: str, mc_samples: int | None, key: Any, leaves: list):
-    """``(xs, gs, c)``: per layer the inputs ``(N, in)`` and the backpropagated columns ``(R, N, out)``."""
+    """``(xs, gs, c)``: per layer the inputs ``(N, T, in)`` (a 1 appended for a bias) and the backpropagated
+    columns ``(R, N, T, out)``, ``T`` the layer's tokens (1 for a layer applied once per example)."""
     closed = jax.make_jaxpr(f)(leaves)
     z_aval = closed.out_avals[0]
     layers, _ = _find_layers(closed.jaxpr, [tuple(x.shape) for x in leaves], z_aval.shape[0])
-    probes = [jnp.zeros((z_aval.shape[0], layer.n_out), z_aval.dtype) for layer in layers]
+    probes = [jnp.zeros(layer.out_shape, z_aval.dtype) for layer in layers]
     (z,), vjp, xs = jax.vjp(lambda pr: _run(closed, leaves, pr, layers), probes, has_aux=True)
     n = z.shape[0]
     z0 = jax.lax.stop_gradient(z)
@@ -274,13 +297,15 @@ def _statistics(f: Callable, lik: Likelihood, reduction: str, mc_samples: int | 
         targets = jax.vmap(lambda k: lik.sample(k, z0))(jax.random.split(key, mc_samples))
         scores = jax.vmap(lambda t: jax.grad(lambda zz: jnp.sum(lik.nll(zz, t)))(z0))(targets)  # (S, N, C)
         columns = scores / jnp.sqrt(jnp.asarray(mc_samples, z0.dtype))
-    gs = jax.vmap(lambda w: vjp([w])[0])(columns)  # per layer (R, N, out)
+    gs = jax.vmap(lambda w: vjp([w])[0])(columns)  # per layer (R, N, *tokens, out)
     c = 1.0 / n if reduction == "mean" else 1.0
+    xs = [x.reshape(n, -1, x.shape[-1]) for x in xs]
+    gs = [g.reshape(g.shape[0], n, -1, g.shape[-1]) for g in gs]
     xs = [
-        jnp.concatenate([x, jnp.ones((n, 1), x.dtype)], axis=1) if layer.bias is not None else x
+        jnp.concatenate([x, jnp.ones(x.shape[:-1] + (1,), x.dtype)], axis=-1) if layer.bias is not None else x
         for x, layer in zip(xs, layers)
     ]
-    return xs, list(gs), c
+    return xs, gs, c
 
 
 _compiled = jit_per_callable(lambda work, leaves: work(leaves))
@@ -321,9 +346,9 @@ def _prepare(model_fn: Callable, likelihood: Any, params: PyTree, batch: Any, re
         raise GeometryError(
             f"{who}: {len(others)} parameter(s) are not in a dense layer, so KFAC has no Kronecker factors for "
             f"them: {listed}. A dense layer here is `x @ W (+ b)`: W of shape (in, out) used once, on inputs x "
-            f"of shape (N, in) with N = {n} the batch of the outputs, b of shape (out,) used only to be added "
-            "to that product (not inside a nested jax.jit, not applied to tokens). Use mg.ggn / mg.fisher "
-            "(exact, matrix-free) for other models."
+            f"of shape (N, in) or (N, *tokens, in) with N = {n} the batch of the outputs, b of shape (out,) used "
+            "only to be added to that product (not inside a nested jax.jit or a lax.scan). Use mg.ggn / "
+            "mg.fisher (exact, matrix-free) for other models."
         )
     return lik, params, leaves, treedef, paths, f, layers
 
@@ -484,7 +509,9 @@ def kronecker_eigenbasis(metric: Metric) -> list[KroneckerEigenbasis]:
     return fn.eigenbasis()
 
 
-def _factors(model_fn, likelihood, params, batch, reduction, mc_samples, key, who):
+def _factors(model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, who):
+    if weight_sharing not in ("expand", "reduce"):
+        raise GeometryError(f"{who}: weight_sharing must be 'expand' or 'reduce', got {weight_sharing!r}.")
     lik, params, leaves, treedef, paths, f, layers = _prepare(
         model_fn, likelihood, params, batch, reduction, mc_samples, key, who
     )
@@ -506,6 +533,7 @@ def kfac_factors(
     reduction: str = "mean",
     mc_samples: int | None = None,
     key: jax.Array | None = None,
+    weight_sharing: str = "expand",
 ) -> list[KroneckerFactor]:
     r"""The Kronecker factors :math:`A, B` of every dense layer, in the order of the model's program.
 
@@ -515,7 +543,7 @@ def kfac_factors(
 
     Parameters
     ----------
-    model_fn, likelihood, params, batch, reduction, mc_samples, key
+    model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing
         As in :func:`~minigeo.kfac`.
 
     Returns
@@ -545,12 +573,11 @@ def kfac_factors(
     Curvature" (ICML). Chapter 2.
     """
     _, _, _, paths, layers, stats = _factors(
-        model_fn, likelihood, params, batch, reduction, mc_samples, key, "kfac_factors"
+        model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, "kfac_factors"
     )
     out = []
     for layer, (x, g, c) in zip(layers, stats):
-        A = x.T @ x / x.shape[0]
-        B = c * jnp.einsum("rno,rnp->op", g, g)
+        A, B = _kronecker_pair(x, g, c, weight_sharing)
         out.append(KroneckerFactor(paths[layer.weight], None if layer.bias is None else paths[layer.bias], A, B))
     return out
 
@@ -564,6 +591,7 @@ def kfac(
     reduction: str = "mean",
     mc_samples: int | None = None,
     key: jax.Array | None = None,
+    weight_sharing: str = "expand",
 ) -> Metric:
     r"""The KFAC approximation of the GGN / Fisher: one Kronecker product per dense layer, block-diagonal.
 
@@ -600,6 +628,14 @@ def kfac(
         With ``key``: the Monte-Carlo Fisher's factors, ``mc_samples`` sampled targets per example.
     key : jax.Array, optional
         PRNG key of the sampled targets.
+    weight_sharing : {"expand", "reduce"}, optional
+        For a layer applied to every token, inputs ``(N, *T, in)``: ``"expand"`` (the default, as
+        curvlinops') treats every (example, token) as an example, :math:`A = \frac{1}{N|T|}\sum_{n,t}
+        \bar x_{nt}\bar x_{nt}^\top`, :math:`B = c\sum_{n,t,r} g_{nt,r} g_{nt,r}^\top` (it drops the
+        products of different tokens); ``"reduce"`` takes per example the mean input and the summed
+        column, :math:`\bar x_n = \frac1{|T|}\sum_t \bar x_{nt}`, :math:`g_{n,r} = \sum_t g_{nt,r}`
+        (exact for a linear layer whose outputs are averaged over the tokens, with a Gaussian
+        likelihood).  No effect on layers applied once per example.
 
     Returns
     -------
@@ -638,12 +674,11 @@ def kfac(
     Chapter 2.
     """
     lik, treedef, shapes, paths, layers, stats = _factors(
-        model_fn, likelihood, params, batch, reduction, mc_samples, key, "kfac"
+        model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, "kfac"
     )
     blocks = []
     for x, g, c in stats:
-        A = x.T @ x / x.shape[0]
-        B = c * jnp.einsum("rno,rnp->op", g, g)
+        A, B = _kronecker_pair(x, g, c, weight_sharing)
         blocks.append((A, B, *_eigh(A), *_eigh(B)))
     name = f"{'MC ' if mc_samples is not None else ''}KFAC ({lik.name})"
     return _metric(name, treedef, shapes, layers, blocks, "kfac", paths)
@@ -658,6 +693,7 @@ def ekfac(
     reduction: str = "mean",
     mc_samples: int | None = None,
     key: jax.Array | None = None,
+    weight_sharing: str = "expand",
 ) -> Metric:
     r"""EKFAC: KFAC's Kronecker eigenbasis with the exact second moments of the gradients as eigenvalues.
 
@@ -667,13 +703,15 @@ def ekfac(
     :math:`Q_A, Q_B` the eigenvectors of :func:`~minigeo.kfac`'s factors of each layer, :math:`\bar x_n` and
     :math:`g_{n,r}` as there.  :math:`s` is the diagonal of the exact GGN / Fisher block in that
     basis, so EKFAC is the nearest matrix to the exact block (Frobenius norm) with KFAC's
-    eigenvectors, never farther from it than KFAC.  A function of its own, as :func:`~minigeo.ggn`,
+    eigenvectors, never farther from it than KFAC.  For a layer shared by tokens,
+    :math:`s_{ij} = c\sum_{n,r}\big(q_{A,i}^\top \big(\sum_t \bar x_{nt} g_{nt,r}^\top\big) q_{B,j}\big)^2`,
+    still that diagonal (``weight_sharing`` chooses KFAC's eigenbasis only).  A function of its own, as :func:`~minigeo.ggn`,
     :func:`~minigeo.fisher` and :func:`~minigeo.empirical_fisher` are (one name per matrix computed),
     with :func:`~minigeo.kfac`'s arguments; products and solves cost the same as KFAC's solves.
 
     Parameters
     ----------
-    model_fn, likelihood, params, batch, reduction, mc_samples, key
+    model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing
         As in :func:`~minigeo.kfac`.
 
     Returns
@@ -704,14 +742,17 @@ def ekfac(
     Descent in a Kronecker-factored Eigenbasis" (NeurIPS); Martens & Grosse (2015). Chapter 2.
     """
     lik, treedef, shapes, paths, layers, stats = _factors(
-        model_fn, likelihood, params, batch, reduction, mc_samples, key, "ekfac"
+        model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, "ekfac"
     )
     blocks = []
     for x, g, c in stats:
-        _, QA = _eigh(x.T @ x / x.shape[0])
-        _, QB = _eigh(c * jnp.einsum("rno,rnp->op", g, g))
-        xt, gt = x @ QA, g @ QB
-        S = c * (xt * xt).T @ jnp.sum(gt * gt, axis=0)
+        A, B = _kronecker_pair(x, g, c, weight_sharing)
+        (_, QA), (_, QB) = _eigh(A), _eigh(B)
+        xt, gt = x @ QA, g @ QB  # (N, T, in), (R, N, T, out)
+        # the squared projections of the per-example gradients sum_t xb_nt g_nt,r^T, summed: the
+        # diagonal of the exact block in the eigenbasis, with the products of different tokens
+        gram = jnp.einsum("rntj,rnsj->ntsj", gt, gt)
+        S = c * jnp.einsum("nti,nsi,ntsj->ij", xt, xt, gram)
         blocks.append((S, QA, QB))
     name = f"{'MC ' if mc_samples is not None else ''}EKFAC ({lik.name})"
     return _metric(name, treedef, shapes, layers, blocks, "ekfac", paths)

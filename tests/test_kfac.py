@@ -650,3 +650,146 @@ def test_spectral_density_draws_probes_from_the_factored_square_root(dtype, make
     np.testing.assert_allclose(drawn.weights, given.weights, atol=tol(dtype, 1e2) * cond)
     # the probes' G^-1-norms are xi^T xi = d: every probe's weights sum to one
     np.testing.assert_allclose(np.asarray(drawn.weights.sum(axis=1)), 1.0, rtol=tol(dtype, 1e2))
+
+
+# ---------------------------------------------------------------------------
+# (6) layers shared by tokens: KFAC-expand and KFAC-reduce (Eschenhagen et al. 2023)
+# ---------------------------------------------------------------------------
+def token_net(seed=0, n=5, T=3, d_in=4, h=6, C=3, dtype=jnp.float64):
+    """A token-wise layer (shared by T tokens), mean pooling over tokens, a head; and its pre-activation map."""
+    r = rng(seed)
+    params = {
+        "tok": {"W": jnp.asarray(r.normal(size=(d_in, h)) / 2, dtype), "b": jnp.asarray(0.3 * r.normal(size=h), dtype)},
+        "head": {"W": jnp.asarray(r.normal(size=(h, C)) / 2, dtype), "b": jnp.asarray(0.3 * r.normal(size=C), dtype)},
+    }
+    X = jnp.asarray(r.normal(size=(n, T, d_in)), dtype)
+
+    def after(p, y):  # the logits from the token layer's outputs y (T, h) of one example
+        return jnp.mean(jnp.tanh(y), axis=0) @ p["head"]["W"] + p["head"]["b"]
+
+    def model(p, x):
+        return jax.vmap(lambda xn: after(p, xn @ p["tok"]["W"] + p["tok"]["b"]))(x)
+
+    return params, model, X, after
+
+
+def _token_truth(params, X, after, sharing, fisher):
+    """The token layer's factors from the forward pass and J_nt = dz_n / dy_nt (jax.jacfwd), F_n given:
+    expand: A = mean_{n,t} xb xb^T, B = (1/N) sum_{n,t} J_nt^T F_n J_nt; reduce: the mean input and sum_t J_nt;
+    and the exact GGN block of (W; b), (1/N) sum_n sum_{t,s} (xb_nt xb_ns^T) kron (J_nt^T F_n J_ns)."""
+    P = {k: {kk: np.asarray(vv, np.float64) for kk, vv in v.items()} for k, v in params.items()}
+    X = np.asarray(X, np.float64)
+    n, T, _ = X.shape
+    Xb = np.concatenate([X, np.ones((n, T, 1))], axis=2)
+    A, B, units, block = 0.0, 0.0, [], 0.0
+    for i in range(n):
+        y = X[i] @ P["tok"]["W"] + P["tok"]["b"]
+        z = np.asarray(after(P, jnp.asarray(y)))
+        J = np.asarray(jax.jacfwd(lambda yy: after(P, yy))(jnp.asarray(y)))  # (C, T, h)
+        F = fisher(z)
+        block = block + sum(np.kron(np.outer(Xb[i, t], Xb[i, s]), J[:, t, :].T @ F @ J[:, s, :]) / n
+                            for t in range(T) for s in range(T))
+        if sharing == "expand":
+            for t in range(T):
+                units.append((Xb[i, t], J[:, t, :].T @ F @ J[:, t, :] / n))
+        else:
+            Js = J.sum(axis=1)
+            units.append((Xb[i].mean(axis=0), Js.T @ F @ Js / n))
+    A = sum(np.outer(x, x) for x, _ in units) / len(units)
+    B = sum(b for _, b in units)
+    return A, B, block
+
+
+def _categorical_F(z):
+    p = np.exp(z - z.max())
+    p = p / p.sum()
+    return np.diag(p) - np.outer(p, p)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sharing", ["expand", "reduce"])
+def test_token_layer_factors_match_the_forward_pass_and_jacobians(sharing, dtype):
+    params, model, X, after = token_net(dtype=dtype)
+    A, B, block = _token_truth(params, X, after, sharing, _categorical_F)
+    tok, head = mg.kronecker.kfac_factors(model, "categorical", params, batch=(X, None), weight_sharing=sharing)
+    assert (tok.weight, tok.bias) == ("['tok']['W']", "['tok']['b']")
+    np.testing.assert_allclose(np.asarray(tok.A, np.float64), A, atol=tol(dtype) * np.abs(A).max())
+    np.testing.assert_allclose(np.asarray(tok.B, np.float64), B, atol=tol(dtype) * np.abs(B).max())
+    # EKFAC: s = the diagonal of the exact block (cross-token products included) in the eigenbasis of
+    # the expand / reduce factors, index i * out + j of q_Ai kron q_Bj
+    (e_tok, _) = mg.kronecker.kronecker_eigenbasis(
+        mg.ekfac(model, "categorical", params, batch=(X, None), weight_sharing=sharing)
+    )
+    QA, QB = np.asarray(e_tok.QA, np.float64), np.asarray(e_tok.QB, np.float64)
+    Q = np.kron(QA, QB)
+    S = np.diag(Q.T @ block @ Q).reshape(QA.shape[0], QB.shape[0])
+    np.testing.assert_allclose(np.asarray(e_tok.eigenvalues, np.float64), S, atol=tol(dtype) * np.abs(S).max())
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kfac_reduce_is_exact_for_a_mean_pooled_linear_token_layer(dtype):
+    """y_nt = W^T x_nt + b, z_n = mean_t y_nt, Gaussian: the GGN is (1/N) sum_n xbar_n xbar_n^T (x) I, which
+    KFAC-reduce gives exactly; KFAC-expand gives (1/(N T)) sum_{n,t} x x^T (x) I / T, not the same."""
+    r = rng(5)
+    n, T, d_in, C = 6, 4, 3, 2
+    params = {"W": jnp.asarray(r.normal(size=(d_in, C)), dtype), "b": jnp.asarray(r.normal(size=C), dtype)}
+    X = jnp.asarray(r.normal(size=(n, T, d_in)), dtype)
+    model = lambda p, x: jnp.mean(x @ p["W"] + p["b"], axis=1)
+    flat, unravel = jax.flatten_util.ravel_pytree(params)
+    Jz = jax.jacfwd(lambda w: model(unravel(w), X).ravel())(flat)
+    G = np.asarray(Jz, np.float64).T @ np.asarray(Jz, np.float64) / n  # the exact GGN, Gaussian sigma = 1
+    reduce_ = np.asarray(mg.kfac(model, "gaussian", params, batch=(X, None), weight_sharing="reduce").dense(params))
+    expand = np.asarray(mg.kfac(model, "gaussian", params, batch=(X, None)).dense(params))
+    np.testing.assert_allclose(reduce_, G, atol=tol(dtype) * np.abs(G).max())
+    assert np.abs(expand - G).max() > 0.1 * np.abs(G).max()
+
+
+def test_weight_sharing_must_be_expand_or_reduce():
+    params, model, X, _ = token_net()
+    with pytest.raises(mg.GeometryError, match="weight_sharing must be 'expand' or 'reduce'"):
+        mg.kfac(model, "categorical", params, batch=(X, None), weight_sharing="mean")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("sharing", ["expand", "reduce"])
+@pytest.mark.parametrize("which", ["kfac", "ekfac"])
+def test_token_layers_agree_with_curvlinops(which, sharing, dtype):
+    torch = pytest.importorskip("torch")
+    curvlinops = pytest.importorskip("curvlinops")
+    params, model, X, _ = token_net(seed=8, n=7, T=5, dtype=dtype)
+    tdtype = torch.float32 if dtype == jnp.float32 else torch.float64
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.tok = torch.nn.Linear(*params["tok"]["W"].shape, dtype=tdtype)
+            self.head = torch.nn.Linear(*params["head"]["W"].shape, dtype=tdtype)
+            with torch.no_grad():
+                for lin, name in ((self.tok, "tok"), (self.head, "head")):
+                    lin.weight.copy_(torch.from_numpy(np.asarray(params[name]["W"]).T.copy()))
+                    lin.bias.copy_(torch.from_numpy(np.asarray(params[name]["b"]).copy()))
+
+        def forward(self, x):
+            return self.head(torch.tanh(self.tok(x)).mean(dim=1))
+
+    net = Net()
+    data = [(torch.from_numpy(np.array(X)), torch.zeros(X.shape[0], dtype=torch.int64))]
+    cls = curvlinops.KFACLinearOperator if which == "kfac" else curvlinops.EKFACLinearOperator
+    op = cls(
+        net, torch.nn.CrossEntropyLoss(), list(net.parameters()), data, fisher_type="type-2",
+        kfac_approx=sharing, separate_weight_and_bias=False, check_deterministic=False,
+    )
+    K = getattr(mg, which)(model, "categorical", params, batch=(X, None), weight_sharing=sharing)
+    order = lambda t: [np.asarray(t[k][w], np.float64).T if w == "W" else np.asarray(t[k][w], np.float64)
+                       for k in ("tok", "head") for w in ("W", "b")]
+    r = rng(9)
+    worst = 0.0
+    for _ in range(3):
+        v = jax.tree_util.tree_map(lambda a: jnp.asarray(r.normal(size=a.shape), dtype), params)
+        ours = np.concatenate([a.ravel() for a in order(K.mv(params, v))])
+        vt = torch.cat([torch.from_numpy(a.astype(np.dtype(dtype))).ravel() for a in order(v)])
+        theirs = np.asarray((op @ vt).detach().numpy(), np.float64).ravel()
+        worst = max(worst, np.abs(ours - theirs).max() / np.abs(theirs).max())
+    print(f"{which}-{sharing} {np.dtype(dtype).name}: max relative difference to curvlinops {worst:.2e}")
+    assert worst < tol(dtype), worst
