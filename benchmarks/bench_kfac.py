@@ -12,9 +12,12 @@ the same weights and data in JAX and torch, prints the median time of
   the metric is built) against ``KFACInverseLinearOperator(op, damping=lam, use_exact_damping=True)
   @ v`` (which caches its eigendecompositions after the first call);
 
-with the ratio minigeo / curvlinops and the relative difference of the results.  The tiny ViT of
-``_harness.py`` is not run: its per-head attention weights (three axes) and LayerNorms are not dense
-layers, and ``mg.kfac`` refuses it (the script prints the message).
+with the ratio minigeo / curvlinops and the relative difference of the results; then the same three
+rows for a token model (a transformer block's MLP without attention: two dense layers shared by 16
+tokens of width 64, 64-256-64, mean pooling, a head to 10 classes; batch 64), with
+``weight_sharing="expand"`` against ``kfac_approx="expand"``.  The tiny ViT of ``_harness.py`` is not
+run: its per-head attention weights (three axes) and LayerNorms are not dense layers, its blocks run
+in a ``lax.scan``, and ``mg.kfac`` refuses it (the script prints the message).
 
 Peers: ``pip install -r requirements-parity.txt -r benchmarks/requirements-peers.txt``.
 
@@ -123,6 +126,8 @@ def main() -> int:
     print(f"  {'product (A x B) v':28s} {1e3 * t_mv_j:11.2f} {1e3 * t_mv_t:14.2f} {t_mv_j / t_mv_t:7.2f} {e_mv:10.1e}")
     print(f"  {'solve (A x B + lam I)^-1 v':28s} {1e3 * t_sv_j:11.2f} {1e3 * t_sv_t:14.2f} {t_sv_j / t_sv_t:7.2f} {e_sv:10.1e}")
 
+    _token_rows(key, torch, KFACLinearOperator, KFACInverseLinearOperator, args.repeats)
+
     vit_params, logits_fn, _, (patches, _), _ = tiny_vit_heads(key)
     try:
         mg.kfac(logits_fn, "categorical", vit_params, batch=(patches, None))
@@ -130,6 +135,83 @@ def main() -> int:
     except mg.GeometryError as err:
         print(f"\ntiny ViT: not run; mg.kfac refuses it: {str(err)[:160]}...")
     return 0
+
+
+def _token_rows(key, torch, KFACLinearOperator, KFACInverseLinearOperator, repeats):
+    """The three rows for dense layers shared by tokens (KFAC-expand on both sides)."""
+    N, T, D, H, C = 64, 16, 64, 256, 10
+    ks = jax.random.split(jax.random.fold_in(key, 7), 5)
+    params = {
+        "fc1": {"W": jax.random.normal(ks[0], (D, H)) / np.sqrt(D), "b": jnp.zeros(H)},
+        "fc2": {"W": jax.random.normal(ks[1], (H, D)) / np.sqrt(H), "b": jnp.zeros(D)},
+        "head": {"W": jax.random.normal(ks[2], (D, C)) / np.sqrt(D), "b": jnp.zeros(C)},
+    }
+    X = jax.random.normal(ks[3], (N, T, D))
+    labels = jax.random.randint(ks[4], (N,), 0, C)
+
+    def model(p, x):
+        h = jnp.tanh(x @ p["fc1"]["W"] + p["fc1"]["b"])
+        h = x + h @ p["fc2"]["W"] + p["fc2"]["b"]
+        return jnp.mean(h, axis=1) @ p["head"]["W"] + p["head"]["b"]
+
+    names = ("fc1", "fc2", "head")
+    lins = {}
+    for name in names:
+        lin = torch.nn.Linear(*params[name]["W"].shape)
+        with torch.no_grad():
+            lin.weight.copy_(torch.from_numpy(np.asarray(params[name]["W"]).T.copy()))
+            lin.bias.copy_(torch.from_numpy(np.asarray(params[name]["b"]).copy()))
+        lins[name] = lin
+
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.fc1, self.fc2, self.head = (lins[n] for n in names)
+
+        def forward(self, x):
+            return self.head((x + self.fc2(torch.tanh(self.fc1(x)))).mean(dim=1))
+
+    net = Net()
+    data = [(torch.from_numpy(np.array(X)), torch.from_numpy(np.array(labels)).long())]
+    loss = torch.nn.CrossEntropyLoss(reduction="mean")
+    order = lambda t: [a for n in names for a in (np.asarray(t[n]["W"]).T, np.asarray(t[n]["b"]))]
+
+    def build_torch():
+        op = KFACLinearOperator(net, loss, list(net.parameters()), data, fisher_type="type-2", kfac_approx="expand",
+                                separate_weight_and_bias=False, check_deterministic=False)
+        op.compute_kronecker_factors()
+        return op
+
+    batch = (X, None)
+    mg.kronecker.kfac_factors(model, "categorical", params, batch=batch)
+    t_build_j = median_time(lambda: mg.kronecker.kfac_factors(model, "categorical", params, batch=batch)[-1].B,
+                            repeats=max(3, repeats // 4))
+    t_build_t = torch_median(build_torch, max(3, repeats // 4))
+    op = build_torch()
+    inv = KFACInverseLinearOperator(op, damping=LAMBDA, use_exact_damping=True)
+    M = mg.kfac(model, "categorical", params, batch=batch)
+    Md = M.with_damping(LAMBDA)
+    r = np.random.default_rng(1)
+    v = jax.tree_util.tree_map(lambda a: jnp.asarray(r.normal(size=a.shape), jnp.float32), params)
+    v_t = torch.cat([torch.from_numpy(a.copy()).ravel() for a in order(v)])
+    mv = jax.jit(M.mv)
+    solve = jax.jit(lambda p, u: Md.solve(p, u))
+    t_mv_j, t_mv_t = median_time(mv, params, v, repeats=repeats), torch_median(lambda: op @ v_t, repeats)
+    t_sv_j, t_sv_t = median_time(solve, params, v, repeats=repeats), torch_median(lambda: inv @ v_t, repeats)
+
+    def rel(ours, theirs):
+        a = np.concatenate([x.ravel() for x in order(ours)])
+        b = theirs.detach().numpy().ravel()
+        return np.abs(a - b).max() / np.abs(b).max()
+
+    print(f"\ntoken model 64-256-64 on {T} tokens, mean pooling, head to {C}; batch {N}: {n_params(params):,} parameters, "
+          "KFAC-expand")
+    print(f"  {'':28s} {'minigeo ms':>11s} {'curvlinops ms':>14s} {'ratio':>7s} {'rel. diff':>10s}")
+    print(f"  {'build the factors':28s} {1e3 * t_build_j:11.2f} {1e3 * t_build_t:14.2f} {t_build_j / t_build_t:7.2f} {'':>10s}")
+    print(f"  {'product (A x B) v':28s} {1e3 * t_mv_j:11.2f} {1e3 * t_mv_t:14.2f} {t_mv_j / t_mv_t:7.2f} "
+          f"{rel(mv(params, v), op @ v_t):10.1e}")
+    print(f"  {'solve (A x B + lam I)^-1 v':28s} {1e3 * t_sv_j:11.2f} {1e3 * t_sv_t:14.2f} {t_sv_j / t_sv_t:7.2f} "
+          f"{rel(solve(params, v), inv @ v_t):10.1e}")
 
 
 def _forward(p, X):

@@ -37,12 +37,13 @@ depends on ``weight_sharing``.
 parameter leaf ``W`` of two axes used exactly once, as the right operand of a matrix product
 ``x @ W`` that contracts the last axis of inputs ``x`` of shape ``(N, in)`` (``N`` the batch of the
 outputs) with ``W``'s first axis; its bias is a parameter leaf of one axis used only to be added to
-that product.  A layer applied to every token, inputs ``(N, *T, in)`` (a transformer's MLP, a patch
-embedding), is a dense layer too, its weight shared by the tokens; ``weight_sharing="expand"`` or
-``"reduce"`` says how the tokens enter the factors (Eschenhagen et al. 2023, *Kronecker-Factored
-Approximate Curvature for Modern Neural Network Architectures*, NeurIPS).  Every other parameter (a LayerNorm scale, a convolution kernel, per-head attention
-weights, a weight used twice, a product inside a nested ``jax.jit`` or a ``lax.scan``) raises
-:class:`~minigeo.GeometryError` naming it: KFAC has no Kronecker factors for it, and minigeo does not
+that product, or to a sum that the product is the only use of (a residual ``x + x @ W + b``).  A
+layer applied to every token, inputs ``(N, *T, in)`` (a transformer's MLP, a patch embedding), is
+a dense layer too, its weight shared by the tokens; ``weight_sharing="expand"`` or ``"reduce"``
+says how the tokens enter the factors (Eschenhagen et al. 2023, *Kronecker-Factored Approximate
+Curvature for Modern Neural Network Architectures*, NeurIPS).  Every other parameter (a LayerNorm
+scale, a convolution kernel, per-head attention weights, a weight used twice, a product inside a
+nested ``jax.jit`` or a ``lax.scan``) raises :class:`~minigeo.GeometryError` naming it: KFAC has no Kronecker factors for it, and minigeo does not
 silently give it an identity or diagonal block.  The examples must not interact (no batch
 statistics): the backpropagated factors of all examples are taken from one backward pass per
 column of :math:`S`.
@@ -182,25 +183,38 @@ def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list
         u = uses.get(v, [])
         return u[0] if len(u) == 1 else None
 
+    def bias_leaf(other: Any, n_out: int, ndim: int) -> int | None:
+        """The leaf ``b`` of shape ``(n_out,)`` that ``other`` is, or a broadcast of (single-use
+        ``broadcast_in_dim`` steps, as ``vmap`` writes them) onto the last of ``ndim`` axes."""
+        chain = []
+        while _is_var(other) and other not in index and single_use(other):
+            e = producer.get(other)
+            if e is None or e.primitive.name != "broadcast_in_dim":
+                break
+            chain.append(e)
+            other = e.invars[0]
+        if not (_is_var(other) and other in index and leaf_shapes[index[other]] == (n_out,) and single_use(other)):
+            return None
+        axis = 0  # where the leaf's axis lands: it must be the last axis of the sum
+        for e in reversed(chain):
+            axis = e.params["broadcast_dimensions"][axis]
+        return index[other] if axis == ndim - 1 else None
+
     def bias_of(y: Any, n_out: int) -> int | None:
-        for i, pos in uses.get(y, []):
+        """The bias of the product ``y``: added to it, or to a sum it is the only use of (``x + y @ W + b``
+        adds ``b`` to the residual sum, whose gradient is ``y``'s); ``y`` and each sum used once."""
+        cur = y
+        while single_use(cur) is not None:
+            i, pos = single_use(cur)
             if i < 0 or eqns[i].primitive.name != "add":
-                continue
-            other = eqns[i].invars[1 - pos]
-            chain = []  # a bias leaf, broadcast (one or more single-use broadcast_in_dim) along the other axes
-            while _is_var(other) and other not in index and single_use(other):
-                e = producer.get(other)
-                if e is None or e.primitive.name != "broadcast_in_dim":
-                    break
-                chain.append(e)
-                other = e.invars[0]
-            if not (_is_var(other) and other in index and leaf_shapes[index[other]] == (n_out,) and single_use(other)):
-                continue
-            axis = 0  # where the leaf's axis lands: it must be the last axis of the sum
-            for e in reversed(chain):
-                axis = e.params["broadcast_dimensions"][axis]
-            if axis == len(y.aval.shape) - 1:
-                return index[other]
+                return None
+            b = bias_leaf(eqns[i].invars[1 - pos], n_out, len(cur.aval.shape))
+            if b is not None:
+                return b
+            out = eqns[i].outvars[0]
+            if tuple(out.aval.shape) != tuple(cur.aval.shape):
+                return None
+            cur = out
         return None
 
     layers = []

@@ -793,3 +793,22 @@ def test_token_layers_agree_with_curvlinops(which, sharing, dtype):
         worst = max(worst, np.abs(ours - theirs).max() / np.abs(theirs).max())
     print(f"{which}-{sharing} {np.dtype(dtype).name}: max relative difference to curvlinops {worst:.2e}")
     assert worst < tol(dtype), worst
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_bias_added_after_a_residual_sum_is_the_layer_s_and_a_product_used_twice_has_none(dtype):
+    """x + (h @ W) + b: b's gradient is the product's (the sums pass it on), so b joins W's block, which is then
+    KFAC's exact block for one example; y used twice (y + b and y again): b's gradient is not y's, so b is
+    refused instead of being given y's factor."""
+    r = rng(12)
+    d = 3
+    params = {"W": jnp.asarray(r.normal(size=(d, d)), dtype), "b": jnp.asarray(r.normal(size=d), dtype)}
+    X = jnp.asarray(r.normal(size=(1, d)), dtype)
+    residual = lambda p, x: jnp.tanh(x + x @ p["W"] + p["b"])
+    (f,) = mg.kronecker.kfac_factors(residual, "gaussian", params, batch=(X, None))
+    assert (f.weight, f.bias) == ("['W']", "['b']")
+    K = mg.kfac(residual, "gaussian", params, batch=(X, None)).dense(params)
+    G = mg.ggn(residual, lambda z, t: 0.5 * jnp.sum(z**2), batch=(X, jnp.zeros((1, d), dtype))).dense(params)
+    np.testing.assert_allclose(np.asarray(K), np.asarray(G), atol=tol(dtype) * float(jnp.abs(G).max()))
+    with pytest.raises(mg.GeometryError, match=r"\['b'\]"):
+        mg.kfac(lambda p, x: jnp.tanh((y := x @ p["W"]) + p["b"]) + y**2, "gaussian", params, batch=(X, None))
