@@ -812,3 +812,16 @@ def test_a_bias_added_after_a_residual_sum_is_the_layer_s_and_a_product_used_twi
     np.testing.assert_allclose(np.asarray(K), np.asarray(G), atol=tol(dtype) * float(jnp.abs(G).max()))
     with pytest.raises(mg.GeometryError, match=r"\['b'\]"):
         mg.kfac(lambda p, x: jnp.tanh((y := x @ p["W"]) + p["b"]) + y**2, "gaussian", params, batch=(X, None))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_kronecker_laplace_of_a_token_model_matches_the_dense_posterior_of_its_kfac_matrix(dtype):
+    params, model, X, _ = token_net(seed=13, dtype=dtype)
+    M = mg.ekfac(model, "categorical", params, batch=(X, None), weight_sharing="reduce")
+    nll = lambda p: jnp.sum(model(p, X) ** 2)  # not differentiated: the curvature is given
+    full = mg.laplace_posterior(nll, params, curvature=M, prior_precision=0.5)
+    kron = mg.laplace_posterior(nll, params, curvature=M, prior_precision=0.5, structure="kfac")
+    logdet = 2 * np.sum(np.log(np.diag(np.asarray(full.cholesky, np.float64))))
+    np.testing.assert_allclose(float(kron.log_det_precision()), logdet, rtol=0, atol=tol(dtype) * len(full.precision))
+    C = np.asarray(full.covariance(), np.float64)
+    np.testing.assert_allclose(np.asarray(kron.covariance(), np.float64), C, atol=tol(dtype) * np.abs(C).max())
