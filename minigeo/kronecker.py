@@ -43,8 +43,8 @@ a dense layer too, its weight shared by the tokens; ``weight_sharing="expand"`` 
 says how the tokens enter the factors (Eschenhagen et al. 2023, *Kronecker-Factored Approximate
 Curvature for Modern Neural Network Architectures*, NeurIPS).  Every other parameter (a LayerNorm
 scale, a convolution kernel, per-head attention weights, a weight used twice, a product inside a
-nested ``jax.jit`` or a ``lax.scan``) raises :class:`~minigeo.GeometryError` naming it: KFAC has no Kronecker factors for it, and minigeo does not
-silently give it an identity or diagonal block.  The examples must not interact (no batch
+nested ``jax.jit`` or a ``lax.scan``) raises :class:`~minigeo.GeometryError` naming it: KFAC has no
+Kronecker factors for it, and minigeo does not silently give it an identity or diagonal block.  The examples must not interact (no batch
 statistics): the backpropagated factors of all examples are taken from one backward pass per
 column of :math:`S`.
 """
@@ -469,6 +469,30 @@ def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks:
     return Metric(_FactoredProduct(mv, eigenbasis, square_root), name, solve_fn=solve)
 
 
+def _projected_second_moments(xt: jax.Array, gt: jax.Array, c: float) -> jax.Array:
+    r"""EKFAC's :math:`s_{ij} = c\sum_{n,r}ig(\sum_t 	ilde x_{nt,i}\,	ilde g_{nt,r,j}ig)^2`, the squared
+    projections of the per-example gradients :math:`\sum_t ar x_{nt} g_{nt,r}^	op` onto
+    :math:`q_{A,i}\otimes q_{B,j}` (``xt = x Q_A``, ``(N, T, in)``; ``gt = g Q_B``, ``(R, N, T, out)``).
+
+    One token: :math:`c\,(	ilde x^{\odot 2})^	op \sum_r 	ilde g_r^{\odot 2}`.  Several: through the token
+    Gram matrices (memory :math:`N T^2 (in + out)`) or, when that is larger, the per-example
+    gradients one column ``r`` at a time (memory :math:`N\cdot in\cdot out`), as curvlinops chooses."""
+    n, T, n_in = xt.shape
+    n_out = gt.shape[-1]
+    if T == 1:
+        return c * (xt[:, 0] ** 2).T @ jnp.sum(gt[:, :, 0] ** 2, axis=0)
+    if T * T * (n_in + n_out) <= n_in * n_out:
+        gram = jnp.einsum("rntj,rnsj->ntsj", gt, gt)
+        return c * jnp.einsum("nti,nsi,ntsj->ij", xt, xt, gram)
+
+    dtype = jnp.result_type(xt, gt)
+
+    def column(acc: jax.Array, g_r: jax.Array) -> tuple[jax.Array, None]:
+        return acc + jnp.sum(jnp.einsum("nti,ntj->nij", xt, g_r) ** 2, axis=0).astype(dtype), None
+
+    return c * jax.lax.scan(column, jnp.zeros((n_in, n_out), dtype), gt)[0]
+
+
 def _eigen_block(block: tuple, kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
     r"""``(S, Q_A, Q_B)`` of one layer's block, :math:`G_\ell = (Q_A\otimes Q_B)\,\mathrm{diag}(S)\,(Q_A\otimes Q_B)^\top`."""
     if kind == "kfac":
@@ -762,11 +786,7 @@ def ekfac(
     for x, g, c in stats:
         A, B = _kronecker_pair(x, g, c, weight_sharing)
         (_, QA), (_, QB) = _eigh(A), _eigh(B)
-        xt, gt = x @ QA, g @ QB  # (N, T, in), (R, N, T, out)
-        # the squared projections of the per-example gradients sum_t xb_nt g_nt,r^T, summed: the
-        # diagonal of the exact block in the eigenbasis, with the products of different tokens
-        gram = jnp.einsum("rntj,rnsj->ntsj", gt, gt)
-        S = c * jnp.einsum("nti,nsi,ntsj->ij", xt, xt, gram)
+        S = _projected_second_moments(x @ QA, g @ QB, c)
         blocks.append((S, QA, QB))
     name = f"{'MC ' if mc_samples is not None else ''}EKFAC ({lik.name})"
     return _metric(name, treedef, shapes, layers, blocks, "ekfac", paths)

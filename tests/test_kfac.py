@@ -708,8 +708,11 @@ def _categorical_F(z):
 
 @pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("sharing", ["expand", "reduce"])
-def test_token_layer_factors_match_the_forward_pass_and_jacobians(sharing, dtype):
-    params, model, X, after = token_net(dtype=dtype)
+# EKFAC's two ways to the per-example gradients' projections: T^2 (in + out) > in * out (3 tokens,
+# 5 x 6: one column at a time) and <= (2 tokens, 9 x 8: the token Gram matrices)
+@pytest.mark.parametrize("T, d_in, h", [(3, 4, 6), (2, 8, 8)], ids=["per-example", "gram"])
+def test_token_layer_factors_match_the_forward_pass_and_jacobians(T, d_in, h, sharing, dtype):
+    params, model, X, after = token_net(T=T, d_in=d_in, h=h, dtype=dtype)
     A, B, block = _token_truth(params, X, after, sharing, _categorical_F)
     tok, head = mg.kronecker.kfac_factors(model, "categorical", params, batch=(X, None), weight_sharing=sharing)
     assert (tok.weight, tok.bias) == ("['tok']['W']", "['tok']['b']")
