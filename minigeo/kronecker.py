@@ -60,9 +60,10 @@ from jax.extend.core import Literal
 
 from ._checks import GeometryError, as_float_point, check_finite, check_key, split_batch
 from ._compile import jit_per_callable
+from ._likelihood import Likelihood, as_likelihood, categorical_likelihood
 from ._status import Status
 from ._tree import PyTree
-from .metrics import Likelihood, Metric, _as_likelihood, categorical_likelihood
+from .metrics import Metric
 
 __all__ = ["KroneckerFactor", "KroneckerEigenbasis", "kfac", "ekfac", "kfac_factors", "kronecker_eigenbasis"]
 
@@ -328,7 +329,7 @@ _compiled = jit_per_callable(lambda work, leaves: work(leaves))
 def _prepare(model_fn: Callable, likelihood: Any, params: PyTree, batch: Any, reduction: str,
              mc_samples: Any, key: Any, who: str):
     """Checked arguments, the model on its data over the flat leaves, the dense layers found."""
-    lik = _as_likelihood(likelihood, who)
+    lik = as_likelihood(likelihood, who)
     if reduction not in ("mean", "sum"):
         raise GeometryError(f"{who}: reduction must be 'mean' or 'sum', got {reduction!r}.")
     if mc_samples is not None:

@@ -22,6 +22,7 @@ FLOORS: dict[str, float] = {
     "_compile": 1.0,
     "_status": 1.05,  # the one status enumeration (issue 30, item 6)
     "_tree": 1.1,
+    "_likelihood": 1.1,  # the Likelihood type and the one lookup by name, for metrics and kronecker (issue 53)
     "_batches": 1.15,  # the one batches type, below the operators and the sharpness functions (issue 53)
     "_pairs": 1.1,
     "_eigen": 1.1,  # block Lanczos and its certificate (on main since the merge of wip/eig)
