@@ -471,11 +471,11 @@ def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks:
 
 
 def _projected_second_moments(xt: jax.Array, gt: jax.Array, c: float) -> jax.Array:
-    r"""EKFAC's :math:`s_{ij} = c\sum_{n,r}ig(\sum_t 	ilde x_{nt,i}\,	ilde g_{nt,r,j}ig)^2`, the squared
-    projections of the per-example gradients :math:`\sum_t ar x_{nt} g_{nt,r}^	op` onto
+    r"""EKFAC's :math:`s_{ij} = c\sum_{n,r}\big(\sum_t \tilde x_{nt,i}\,\tilde g_{nt,r,j}\big)^2`, the squared
+    projections of the per-example gradients :math:`\sum_t \bar x_{nt} g_{nt,r}^\top` onto
     :math:`q_{A,i}\otimes q_{B,j}` (``xt = x Q_A``, ``(N, T, in)``; ``gt = g Q_B``, ``(R, N, T, out)``).
 
-    One token: :math:`c\,(	ilde x^{\odot 2})^	op \sum_r 	ilde g_r^{\odot 2}`.  Several: through the token
+    One token: :math:`c\,(\tilde x^{\odot 2})^\top \sum_r \tilde g_r^{\odot 2}`.  Several: through the token
     Gram matrices (memory :math:`N T^2 (in + out)`) or, when that is larger, the per-example
     gradients one column ``r`` at a time (memory :math:`N\cdot in\cdot out`), as curvlinops chooses."""
     n, T, n_in = xt.shape
