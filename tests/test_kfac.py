@@ -828,3 +828,32 @@ def test_kronecker_laplace_of_a_token_model_matches_the_dense_posterior_of_its_k
     np.testing.assert_allclose(float(kron.log_det_precision()), logdet, rtol=0, atol=tol(dtype) * len(full.precision))
     C = np.asarray(full.covariance(), np.float64)
     np.testing.assert_allclose(np.asarray(kron.covariance(), np.float64), C, atol=tol(dtype) * np.abs(C).max())
+
+
+_TOKEN_GAIN = 1.0  # a notebook-style global the model below reads
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_factors_follow_a_global_the_model_reads_and_the_weight_sharing_asked_for(dtype):
+    """Never stale: the model reads a global; between calls the global (and weight_sharing) change, and
+    each call's factors equal the forward-pass / jax.jacfwd truth computed afresh with today's value."""
+    global _TOKEN_GAIN
+    params, _, X, _ = token_net(seed=14, dtype=dtype)
+
+    def after(p, y):
+        return jnp.mean(jnp.tanh(_TOKEN_GAIN * y), axis=0) @ p["head"]["W"] + p["head"]["b"]
+
+    def model(p, x):
+        return jax.vmap(lambda xn: after(p, xn @ p["tok"]["W"] + p["tok"]["b"]))(x)
+
+    try:
+        for gain in (1.0, 2.5, 1.0):
+            _TOKEN_GAIN = gain
+            for sharing in ("expand", "reduce"):
+                A, B, _ = _token_truth(params, X, after, sharing, _categorical_F)
+                tok, _ = mg.kronecker.kfac_factors(model, "categorical", params, batch=(X, None),
+                                                   weight_sharing=sharing)
+                np.testing.assert_allclose(np.asarray(tok.A, np.float64), A, atol=tol(dtype) * np.abs(A).max())
+                np.testing.assert_allclose(np.asarray(tok.B, np.float64), B, atol=tol(dtype) * np.abs(B).max())
+    finally:
+        _TOKEN_GAIN = 1.0
