@@ -681,7 +681,7 @@ def _token_truth(params, X, after, sharing, fisher):
     X = np.asarray(X, np.float64)
     n, T, _ = X.shape
     Xb = np.concatenate([X, np.ones((n, T, 1))], axis=2)
-    A, B, units, block = 0.0, 0.0, [], 0.0
+    units, block = [], 0.0
     for i in range(n):
         y = X[i] @ P["tok"]["W"] + P["tok"]["b"]
         z = np.asarray(after(P, jnp.asarray(y)))
