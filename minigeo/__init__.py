@@ -53,6 +53,11 @@ Every module lists its public names in ``__all__``; this file re-exports them
 all (``minigeo.metrics.dense`` as ``dense_metric``, to keep the name unambiguous).
 """
 
+from ._toolchain import avoid_ynn_fusions as _avoid_ynn_fusions
+
+_avoid_ynn_fusions()  # jaxlib 0.10.2 miscompiles some CPU reductions (see minigeo._toolchain); before any computation
+del _avoid_ynn_fusions
+
 from . import coords, curvature, densities, kronecker, metrics, natgrad, operators, parallel, quotient, reparam, sharpness, stats
 from ._checks import GeometryError
 from ._status import Status

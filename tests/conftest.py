@@ -10,6 +10,8 @@ from pathlib import Path
 import jax
 import pytest
 
+import minigeo  # noqa: F401  (before the backend starts: its XLA flag against jaxlib 0.10.2's CPU miscompilation)
+
 jax.config.update("jax_enable_x64", True)
 
 # On a GPU, float32 matrix products default to TF32 (about three digits); the float32 tolerances

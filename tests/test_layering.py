@@ -18,6 +18,7 @@ PKG = Path(__file__).resolve().parents[1] / "minigeo"
 #: The floor of every top-level module (a subpackage counts as one module).  Floor 1 holds the internals
 #: and the two self-contained public modules, in steps 1.0 to 1.5 (a step imports only from earlier steps).
 FLOORS: dict[str, float] = {
+    "_toolchain": 0.5,  # the guard against jaxlib 0.10.2's CPU miscompilation, imported first by __init__
     "_checks": 1.0,
     "_compile": 1.0,
     "_status": 1.05,  # the one status enumeration (issue 30, item 6)
