@@ -993,18 +993,8 @@ def _curvature_diagonal(neg_log_joint: Callable, params: PyTree, curvature: Any,
             basis = kronecker_eigenbasis(curvature)
         except GeometryError:
             basis = None
-        if basis is not None:
-            leaves = jax.tree_util.tree_leaves(params)
-            paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-            index = {p: k for k, p in enumerate(paths)}
-            out = [None] * len(leaves)
-            for e in basis:
-                diag = (e.QA * e.QA) @ e.eigenvalues @ (e.QB * e.QB).T + curvature.damping
-                w = index[e.weight]
-                out[w] = diag[: leaves[w].shape[0]]
-                if e.bias is not None:
-                    out[index[e.bias]] = diag[leaves[w].shape[0]]
-            return jnp.concatenate([jnp.ravel(x) for x in out])
+        if basis is not None:  # the diagonal of each block, in the layout of its layer's leaves
+            return ravel(curvature.mv_fn.diagonal(params))[0] + curvature.damping
     C = _laplace_precision(neg_log_joint, params, curvature, 0.0, max_size, "laplace_posterior")
     return jnp.diag(C)
 
@@ -1088,6 +1078,17 @@ def _kronecker_basis(params: PyTree, curvature: Any, who: str) -> tuple[list, di
     paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
     index = {p: k for k, p in enumerate(paths)}
     covered = {e.weight for e in basis} | {e.bias for e in basis if e.bias is not None}
+    leaves = jax.tree_util.tree_leaves(params)
+    for e in basis:  # a layer on one block of a scan's stack, or a weight of other than two axes
+        whole = e.weight in index and np.shape(leaves[index[e.weight]]) == (
+            e.QA.shape[0] - (e.bias is not None), e.QB.shape[0])
+        if not whole and e.weight.rsplit("[", 1)[0] in index | {e.weight: 0}:
+            raise GeometryError(
+                f"{who}: structure='kfac' needs every layer's weight to be a whole (in, out) leaf, but the "
+                f"layer {e.weight} is not (a block of a leaf stacked over a scan, or a weight of other than "
+                f"two axes; its factors are {e.QA.shape[0]} x {e.QB.shape[0]}). Use structure='diag', or "
+                "structure='full' with paths=."
+            )
     if set(paths) != covered:
         raise GeometryError(
             f"{who}: the KFAC curvature was built for parameters {sorted(covered)}, but params has "

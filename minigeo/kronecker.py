@@ -33,18 +33,27 @@ farther from the exact GGN than KFAC.  For a layer shared by tokens the per-exam
 products of different tokens included (as curvlinops' ``EKFACLinearOperator``); only the eigenbasis
 depends on ``weight_sharing``.
 
-**Which parameters.**  Dense layers are found in the model's program (``jax.make_jaxpr``): a
-parameter leaf ``W`` of two axes used exactly once, as the right operand of a matrix product
-``x @ W`` that contracts the last axis of inputs ``x`` of shape ``(N, in)`` (``N`` the batch of the
-outputs) with ``W``'s first axis; its bias is a parameter leaf of one axis used only to be added to
-that product, or to a sum that the product is the only use of (a residual ``x + x @ W + b``).  A
-layer applied to every token, inputs ``(N, *T, in)`` (a transformer's MLP, a patch embedding), is
-a dense layer too, its weight shared by the tokens; ``weight_sharing="expand"`` or ``"reduce"``
-says how the tokens enter the factors (Eschenhagen et al. 2023, *Kronecker-Factored Approximate
-Curvature for Modern Neural Network Architectures*, NeurIPS).  Every other parameter (a LayerNorm
-scale, a convolution kernel, per-head attention weights, a weight used twice, a product inside a
-nested ``jax.jit`` or a ``lax.scan``) raises :class:`~minigeo.GeometryError` naming it: KFAC has no
-Kronecker factors for it, and minigeo does not silently give it an identity or diagonal block.  The examples must not interact (no batch
+**Which parameters.**  Dense layers are found in the model's program (``jax.make_jaxpr``, with
+nested ``jax.jit`` calls inlined and every ``lax.scan`` unrolled, so a block run by a scan gives one
+layer per block, on its slice ``W[l]`` of the stacked leaf): a matrix product (``dot_general``
+without batch axes) of inputs ``x`` of shape ``(N, *T, ...)`` (``N`` the batch of the outputs) and a
+parameter ``W`` (a leaf, or one block's slice of it) used only there, contracting some of ``W``'s
+axes (``in``, in ``W``'s axis order) with the trailing axes of ``x``.  ``W``'s other axes are
+``out``; the layer's matrix is ``W`` with its ``in`` axes first, reshaped to ``(in, out)``
+(``x @ W`` with ``W`` of shape ``(in, out)``; a per-head projection ``einsum("btd,hde->bhte", x,
+W_q)`` is the ``(d, h*e)`` matrix, the output projection ``einsum("bhte,hde->btd", o, W_o)`` the
+``(h*e, d)`` one).  Its bias is a parameter of ``W``'s ``out`` shape (or a block's slice) used
+only to be added to that product, after transposes and broadcasts, or to a sum that the product is
+the only use of (a residual ``x + x @ W + b``).  A layer applied to every token, inputs
+``(N, *T, in)`` (a transformer's projections and MLP, a patch embedding), has its weight shared by
+the tokens; ``weight_sharing="expand"`` or ``"reduce"`` says how the tokens enter the factors
+(Eschenhagen et al. 2023, *Kronecker-Factored Approximate Curvature for Modern Neural Network
+Architectures*, NeurIPS).  Every other parameter (a LayerNorm scale, a position embedding, a
+convolution kernel, a weight used twice) raises :class:`~minigeo.GeometryError` naming it: KFAC has
+no Kronecker factors for it, and minigeo does not silently give it an identity or diagonal block.
+Hold such parameters fixed, as curvlinops does with the parameters it is not given: pass only the
+dense ones and let the model close over the rest (``lambda dense, x: model(merge(dense, rest), x)``).
+The examples must not interact (no batch
 statistics): the backpropagated factors of all examples are taken from one backward pass per
 column of :math:`S`.
 """
@@ -148,14 +157,81 @@ class KroneckerEigenbasis(NamedTuple):
 
 
 class _Layer(NamedTuple):
-    """A dense layer found in the model's program: the matrix product's equation, its leaves, sizes."""
+    """A dense layer found in the (flattened) model program: the product's equation, its leaves, layout.
+
+    The weight is the leaf ``weight`` (or its slice ``index`` along the first axis, a block of a
+    stack run by ``lax.scan``); its matrix view is ``W.transpose(w_perm).reshape(n_in, n_out)``:
+    the contracted axes first (``in``), then the others (``out``).  ``x_perm`` puts the inputs in the
+    order ``(N, *tokens, *contracted)``, ``g_perm`` the product's axes in the order
+    ``(N, *tokens, *out)``."""
 
     eqn: int
+    x_pos: int  # the operand of the product that is the layer's input
     weight: int
+    index: int | None
     bias: int | None
+    bias_index: int | None
     n_in: int
     n_out: int
-    out_shape: tuple  # (N, *tokens, out): the product's shape; tokens () for a layer applied once per example
+    out_shape: tuple  # the product's shape (its cotangents have it)
+    w_perm: tuple
+    x_perm: tuple
+    g_perm: tuple
+
+
+# ---------------------------------------------------------------------------
+# the model's program, flattened: nested jit calls inlined, scans unrolled
+# ---------------------------------------------------------------------------
+_CALLS = ("pjit", "jit", "closed_call", "core_call", "checkpoint", "remat")
+
+
+def _evaluate(jaxpr: Any, consts: list, args: list) -> list:
+    """Evaluate ``jaxpr``, inlining nested calls and unrolling ``lax.scan`` (slices ``x[i]`` of its inputs),
+    so that a dense layer of a block run by a scan appears once per block, on that block's slice."""
+    env: dict = {}
+    read = lambda v: v.val if isinstance(v, Literal) else env[v]
+    for v, c in zip(jaxpr.constvars, consts):
+        env[v] = c
+    for v, a in zip(jaxpr.invars, args):
+        env[v] = a
+    for eqn in jaxpr.eqns:
+        invals = [read(v) for v in eqn.invars]
+        name = eqn.primitive.name
+        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
+        if name in _CALLS and inner is not None:
+            closed = inner if hasattr(inner, "consts") else None
+            outs = _evaluate(closed.jaxpr if closed else inner, list(closed.consts) if closed else [], invals)
+        elif name == "scan":
+            p = eqn.params
+            nc, nk, body = p["num_consts"], p["num_carry"], p["jaxpr"]
+            consts_, carry, xs = invals[:nc], invals[nc: nc + nk], invals[nc + nk:]
+            steps = range(p["length"] - 1, -1, -1) if p["reverse"] else range(p["length"])
+            ys = []
+            for i in steps:
+                out = _evaluate(body.jaxpr, list(body.consts), [*consts_, *carry, *(jax.lax.index_in_dim(x, i, keepdims=False) for x in xs)])
+                carry, y = out[:nk], out[nk:]
+                ys.append(y)
+            if p["reverse"]:
+                ys.reverse()
+            n_y = len(body.jaxpr.outvars) - nk
+            outs = [*carry, *(jnp.stack([y[j] for y in ys]) if ys else jnp.zeros((0,) + tuple(a.shape), a.dtype)
+                              for j, a in zip(range(n_y), body.out_avals[nk:]))]
+        else:
+            with eqn.ctx.manager:
+                outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+            outs = outs if eqn.primitive.multiple_results else [outs]
+        for v, o in zip(eqn.outvars, outs):
+            env[v] = o
+    return [read(v) for v in jaxpr.outvars]
+
+
+def _flat_program(f: Callable, leaves: list) -> Any:
+    """The closed jaxpr of ``f(leaves)`` with nested calls inlined and scans unrolled."""
+    closed = jax.make_jaxpr(f)(leaves)
+    if not any(e.primitive.name == "scan" or (e.primitive.name in _CALLS and ("jaxpr" in e.params or "call_jaxpr" in e.params))
+               for e in closed.jaxpr.eqns):
+        return closed  # already flat: no second trace
+    return jax.make_jaxpr(lambda ls: _evaluate(closed.jaxpr, list(closed.consts), ls))(leaves)
 
 
 # ---------------------------------------------------------------------------
@@ -166,7 +242,7 @@ def _is_var(v: Any) -> bool:
 
 
 def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list[_Layer], list[int]]:
-    """``(layers, others)``: the dense layers of the program and the leaves (indices) that are in none."""
+    """``(layers, others)``: the dense layers of the program and the leaves (indices) not wholly in them."""
     invars = jaxpr.invars[: len(leaf_shapes)]
     index = {v: k for k, v in enumerate(invars)}
     uses: dict[Any, list[tuple[int, int]]] = {}
@@ -184,62 +260,133 @@ def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list
         u = uses.get(v, [])
         return u[0] if len(u) == 1 else None
 
-    def bias_leaf(other: Any, n_out: int, ndim: int) -> int | None:
-        """The leaf ``b`` of shape ``(n_out,)`` that ``other`` is, or a broadcast of (single-use
-        ``broadcast_in_dim`` steps, as ``vmap`` writes them) onto the last of ``ndim`` axes."""
+    def source(v: Any) -> tuple[int, int | None] | None:
+        """``(k, None)`` if ``v`` is leaf ``k`` used once, ``(k, i)`` if it is ``leaf_k[i]`` (a scan's slice)."""
+        if not (_is_var(v) and single_use(v)):
+            return None
+        if v in index:
+            return index[v], None
+        e = producer.get(v)
+        if e is None or e.primitive.name != "squeeze" or tuple(e.params["dimensions"]) != (0,):
+            return None
+        u = e.invars[0]
+        s = producer.get(u)
+        if not (_is_var(u) and single_use(u) and s is not None and s.primitive.name == "slice"):
+            return None
+        leaf = s.invars[0]
+        if not (_is_var(leaf) and leaf in index):
+            return None
+        shape = leaf_shapes[index[leaf]]
+        start, limit, strides = s.params["start_indices"], s.params["limit_indices"], s.params["strides"]
+        i = start[0]
+        if tuple(start[1:]) != (0,) * (len(shape) - 1) or tuple(limit) != (i + 1, *shape[1:]) or (
+            strides is not None and any(st != 1 for st in strides)
+        ):
+            return None
+        return index[leaf], int(i)
+
+    def bias_source(other: Any, out_shape: tuple, positions: list[int], ndim: int) -> tuple | None:
+        """The bias ``(k, i)`` that ``other`` is a broadcast of (single-use ``broadcast_in_dim`` steps),
+        its axes landing on the product's output axes ``positions`` of the ``ndim``-axis sum."""
         chain = []
-        while _is_var(other) and other not in index and single_use(other):
+        while _is_var(other) and single_use(other) and source(other) is None:
             e = producer.get(other)
             if e is None or e.primitive.name != "broadcast_in_dim":
-                break
+                return None
             chain.append(e)
             other = e.invars[0]
-        if not (_is_var(other) and other in index and leaf_shapes[index[other]] == (n_out,) and single_use(other)):
+        src = source(other)
+        if src is None:
             return None
-        axis = 0  # where the leaf's axis lands: it must be the last axis of the sum
+        shape = leaf_shapes[src[0]][1:] if src[1] is not None else leaf_shapes[src[0]]
+        if tuple(shape) != tuple(out_shape):
+            return None
+        axes = list(range(len(shape)))  # where each of the bias's axes lands
         for e in reversed(chain):
-            axis = e.params["broadcast_dimensions"][axis]
-        return index[other] if axis == ndim - 1 else None
+            axes = [e.params["broadcast_dimensions"][a] for a in axes]
+        offset = ndim - len(other.aval.shape) if not chain else ndim - len(chain[0].outvars[0].aval.shape)
+        axes = [a + offset for a in axes]  # an implicit rank promotion aligns the trailing axes
+        return src if axes == positions else None
 
-    def bias_of(y: Any, n_out: int) -> int | None:
-        """The bias of the product ``y``: added to it, or to a sum it is the only use of (``x + y @ W + b``
-        adds ``b`` to the residual sum, whose gradient is ``y``'s); ``y`` and each sum used once."""
+    def bias_of(y: Any, out_shape: tuple, positions: list[int]) -> tuple | None:
+        """The bias of the product ``y``: added to it (after transposes), or to a sum that it is the only use
+        of (``x + y @ W + b`` adds ``b`` to the residual sum, whose gradient is ``y``'s); each step used once."""
         cur = y
         while single_use(cur) is not None:
             i, pos = single_use(cur)
-            if i < 0 or eqns[i].primitive.name != "add":
+            if i < 0:
                 return None
-            b = bias_leaf(eqns[i].invars[1 - pos], n_out, len(cur.aval.shape))
+            e = eqns[i]
+            if e.primitive.name == "transpose":
+                perm = tuple(e.params["permutation"])
+                positions = [perm.index(p) for p in positions]
+                cur = e.outvars[0]
+                continue
+            if e.primitive.name != "add":
+                return None
+            b = bias_source(e.invars[1 - pos], out_shape, positions, len(cur.aval.shape))
             if b is not None:
                 return b
-            out = eqns[i].outvars[0]
+            out = e.outvars[0]
             if tuple(out.aval.shape) != tuple(cur.aval.shape):
                 return None
             cur = out
         return None
 
     layers = []
-    for v, k in index.items():
-        if len(leaf_shapes[k]) != 2 or not single_use(v):
+    claimed: dict[int, list] = {}  # leaf -> the slices (or None) the layers take of it
+    for i, eqn in enumerate(eqns):
+        if eqn.primitive.name != "dot_general":
             continue
-        i, pos = single_use(v)
-        if i < 0 or pos != 1 or eqns[i].primitive.name != "dot_general":
+        (lc, rc), (lb, rb) = eqn.params["dimension_numbers"]
+        if lb or rb:
             continue
-        (lc, rc), (lb, rb) = eqns[i].params["dimension_numbers"]
-        x = eqns[i].invars[0]
-        shape = tuple(x.aval.shape)  # (N, in), or (N, *tokens, in) for a layer shared by tokens
-        if tuple(rc) != (0,) or tuple(lc) != (len(shape) - 1,) or lb or rb or len(shape) < 2 or shape[0] != batch:
+        for w_pos in (1, 0):
+            src = source(eqn.invars[w_pos])
+            if src is not None:
+                break
+        else:
             continue
-        n_in, n_out = leaf_shapes[k]
-        y = eqns[i].outvars[0]
-        layers.append(_Layer(i, k, bias_of(y, n_out), n_in, n_out, tuple(y.aval.shape)))
-    layers.sort(key=lambda layer: layer.eqn)
-    taken = {layer.weight for layer in layers} | {layer.bias for layer in layers if layer.bias is not None}
+        x_pos = 1 - w_pos
+        x, w = eqn.invars[x_pos], eqn.invars[w_pos]
+        xc, wc = (lc, rc) if x_pos == 0 else (rc, lc)
+        pairs = sorted(zip(wc, xc))  # W's contracted axes in W's own order (not the order einsum chose)
+        wc, xc = [w for w, _ in pairs], [x for _, x in pairs]
+        x_shape, w_shape = tuple(x.aval.shape), tuple(w.aval.shape)
+        xf = [a for a in range(len(x_shape)) if a not in xc]
+        wf = [a for a in range(len(w_shape)) if a not in wc]
+        if not xf or xf[0] != 0 or x_shape[0] != batch or not wf:
+            continue
+        y = eqn.outvars[0]
+        # the product's axes: the lhs's free axes, then the rhs's
+        out_axes = [("x", a) for a in xf] + [("w", a) for a in wf]
+        if w_pos == 0:
+            out_axes = [("w", a) for a in wf] + [("x", a) for a in xf]
+        g_perm = tuple(out_axes.index(("x", a)) for a in xf) + tuple(out_axes.index(("w", a)) for a in wf)
+        positions = [out_axes.index(("w", a)) for a in wf]
+        out_shape = tuple(w_shape[a] for a in wf)
+        b = bias_of(y, out_shape, positions)
+        n_in = int(np.prod([w_shape[a] for a in wc]))
+        n_out = int(np.prod(out_shape))
+        layers.append(_Layer(
+            i, x_pos, src[0], src[1], None if b is None else b[0], None if b is None else b[1], n_in, n_out,
+            tuple(y.aval.shape), tuple(wc) + tuple(wf), tuple(xf) + tuple(xc), g_perm,
+        ))
+        claimed.setdefault(src[0], []).append(src[1])
+        if b is not None:
+            claimed.setdefault(b[0], []).append(b[1])
+    taken = set()
+    for k, got in claimed.items():
+        n_uses = len(uses.get(invars[k], []))
+        if got == [None] or (None not in got and sorted(got) == list(range(leaf_shapes[k][0])) and n_uses == len(got)):
+            taken.add(k)
+    layers = [la for la in layers if la.weight in taken and (la.bias is None or la.bias in taken)]
+    taken = {la.weight for la in layers} | {la.bias for la in layers if la.bias is not None}
     return layers, [k for k in range(len(leaf_shapes)) if k not in taken]
 
 
 def _run(closed: Any, leaves: list, probes: list, layers: list[_Layer]) -> tuple[list, list]:
-    """Evaluate the program with a probe added to each dense layer's product; also return the layer inputs."""
+    """Evaluate the (flat) program with a probe added to each dense layer's product; also return the layer inputs."""
     jaxpr = closed.jaxpr
     env: dict = {}
     read = lambda v: v.val if isinstance(v, Literal) else env[v]
@@ -254,7 +401,7 @@ def _run(closed: Any, leaves: list, probes: list, layers: list[_Layer]) -> tuple
         with eqn.ctx.manager:
             out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
         if i in at:
-            xs[at[i]] = invals[0]
+            xs[at[i]] = invals[layers[at[i]].x_pos]
             out = out + probes[at[i]]
         outs = out if eqn.primitive.multiple_results else [out]
         for v, o in zip(eqn.outvars, outs):
@@ -299,7 +446,7 @@ def _kronecker_pair(x: jax.Array, g: jax.Array, c: float, weight_sharing: str) -
 def _statistics(f: Callable, lik: Likelihood, reduction: str, mc_samples: int | None, key: Any, leaves: list):
     """``(xs, gs, c)``: per layer the inputs ``(N, T, in)`` (a 1 appended for a bias) and the backpropagated
     columns ``(R, N, T, out)``, ``T`` the layer's tokens (1 for a layer applied once per example)."""
-    closed = jax.make_jaxpr(f)(leaves)
+    closed = _flat_program(f, leaves)
     z_aval = closed.out_avals[0]
     layers, _ = _find_layers(closed.jaxpr, [tuple(x.shape) for x in leaves], z_aval.shape[0])
     probes = [jnp.zeros(layer.out_shape, z_aval.dtype) for layer in layers]
@@ -314,8 +461,11 @@ def _statistics(f: Callable, lik: Likelihood, reduction: str, mc_samples: int | 
         columns = scores / jnp.sqrt(jnp.asarray(mc_samples, z0.dtype))
     gs = jax.vmap(lambda w: vjp([w])[0])(columns)  # per layer (R, N, *tokens, out)
     c = 1.0 / n if reduction == "mean" else 1.0
-    xs = [x.reshape(n, -1, x.shape[-1]) for x in xs]
-    gs = [g.reshape(g.shape[0], n, -1, g.shape[-1]) for g in gs]
+    xs = [jnp.transpose(x, layer.x_perm).reshape(n, -1, layer.n_in) for x, layer in zip(xs, layers)]
+    gs = [
+        jnp.transpose(g, (0, *(1 + a for a in layer.g_perm))).reshape(g.shape[0], n, -1, layer.n_out)
+        for g, layer in zip(gs, layers)
+    ]
     xs = [
         jnp.concatenate([x, jnp.ones(x.shape[:-1] + (1,), x.dtype)], axis=-1) if layer.bias is not None else x
         for x, layer in zip(xs, layers)
@@ -345,7 +495,7 @@ def _prepare(model_fn: Callable, likelihood: Any, params: PyTree, batch: Any, re
     else:
         inputs, _ = split_batch(batch, who)
         f = lambda ls: model_fn(jax.tree_util.tree_unflatten(treedef, ls), inputs)
-    closed = jax.make_jaxpr(f)(leaves)
+    closed = _flat_program(f, leaves)
     if len(closed.out_avals) != 1 or len(closed.out_avals[0].shape) != 2:
         shapes = [tuple(a.shape) for a in closed.out_avals]
         raise GeometryError(
@@ -360,10 +510,11 @@ def _prepare(model_fn: Callable, likelihood: Any, params: PyTree, batch: Any, re
         listed = ", ".join(f"{paths[k]} {tuple(np.shape(leaves[k]))}" for k in others)
         raise GeometryError(
             f"{who}: {len(others)} parameter(s) are not in a dense layer, so KFAC has no Kronecker factors for "
-            f"them: {listed}. A dense layer here is `x @ W (+ b)`: W of shape (in, out) used once, on inputs x "
-            f"of shape (N, in) or (N, *tokens, in) with N = {n} the batch of the outputs, b of shape (out,) used "
-            "only to be added to that product (not inside a nested jax.jit or a lax.scan). Use mg.ggn / "
-            "mg.fisher (exact, matrix-free) for other models."
+            f"them: {listed}. A dense layer here is `x @ W (+ b)` (or an einsum contracting some axes of W): W "
+            f"(or its block of a lax.scan's stack) used only there, on inputs x of shape (N, *tokens, in) with "
+            f"N = {n} the batch of the outputs, b of W's output shape used only to be added to that product. "
+            "Hold the other parameters fixed (pass only the dense ones and let model_fn close over the rest), "
+            "or use mg.ggn / mg.fisher (exact, matrix-free)."
         )
     return lik, params, leaves, treedef, paths, f, layers
 
@@ -376,15 +527,42 @@ def _eigh(M: jax.Array) -> tuple[jax.Array, jax.Array]:
 # ---------------------------------------------------------------------------
 # the metrics
 # ---------------------------------------------------------------------------
+def _weight_name(paths: list, k: int, i: int | None) -> str:
+    return paths[k] if i is None else f"{paths[k]}[{i}]"
+
+
 def _stack(leaves: list, layer: _Layer) -> jax.Array:
-    W = leaves[layer.weight]
-    return W if layer.bias is None else jnp.concatenate([W, leaves[layer.bias][None, :]], axis=0)
+    """The layer's ``(in [+ 1], out)`` matrix: the weight's matrix view with the bias as its last row."""
+    W = leaves[layer.weight] if layer.index is None else leaves[layer.weight][layer.index]
+    W = jnp.transpose(W, layer.w_perm).reshape(layer.n_in, layer.n_out)
+    if layer.bias is None:
+        return W
+    b = leaves[layer.bias] if layer.bias_index is None else leaves[layer.bias][layer.bias_index]
+    return jnp.concatenate([W, b.reshape(1, layer.n_out)], axis=0)
 
 
-def _unstack(out: list, layer: _Layer, V: jax.Array) -> None:
-    out[layer.weight] = V[: layer.n_in]
-    if layer.bias is not None:
-        out[layer.bias] = V[layer.n_in]
+def _map_layers(leaves: list, layers: list[_Layer], fn: Callable[[int, jax.Array], jax.Array]) -> list:
+    """The leaves with every layer's matrix ``V`` replaced by ``fn(n, V)`` (``n`` the layer's position);
+    the slices of a leaf stacked over a scan's blocks put back together."""
+    out, pieces = list(leaves), {}
+
+    def put(k: int, i: int | None, value: jax.Array) -> None:
+        if i is None:
+            out[k] = value
+        else:
+            pieces.setdefault(k, {})[i] = value
+
+    for n, layer in enumerate(layers):
+        R = fn(n, _stack(leaves, layer))
+        shape = np.shape(leaves[layer.weight])[0 if layer.index is None else 1:]
+        W = R[: layer.n_in].reshape([shape[a] for a in layer.w_perm])
+        put(layer.weight, layer.index, jnp.transpose(W, np.argsort(layer.w_perm)))
+        if layer.bias is not None:
+            bshape = np.shape(leaves[layer.bias])[0 if layer.bias_index is None else 1:]
+            put(layer.bias, layer.bias_index, R[layer.n_in].reshape(bshape))
+    for k, parts in pieces.items():
+        out[k] = jnp.stack([parts[i] for i in range(len(parts))])
+    return out
 
 
 def _check_point(params: PyTree, treedef: Any, shapes: list, who: str) -> list:
@@ -399,12 +577,14 @@ def _check_point(params: PyTree, treedef: Any, shapes: list, who: str) -> list:
 
 class _FactoredProduct:
     r"""The product function of a Kronecker-factored metric, holding its eigenbasis (read by
-    :func:`kronecker_eigenbasis`) and its symmetric square root ``square_root(params, v, damping)``,
+    :func:`kronecker_eigenbasis`), its symmetric square root ``square_root(params, v, damping)``,
     :math:`(G + \epsilon I)^{1/2} v` (read by the spectral density's probes, which need a factor of
-    the metric and cannot import this module)."""
+    the metric and cannot import this module) and its diagonal ``diagonal(params)``, a pytree like
+    ``params`` (read by the diagonal Laplace posterior)."""
 
-    def __init__(self, mv: Callable, eigenbasis: Callable[[], list], square_root: Callable) -> None:
-        self._mv, self.eigenbasis, self.square_root = mv, eigenbasis, square_root
+    def __init__(self, mv: Callable, eigenbasis: Callable[[], list], square_root: Callable,
+                 diagonal: Callable) -> None:
+        self._mv, self.eigenbasis, self.square_root, self.diagonal = mv, eigenbasis, square_root, diagonal
 
     def __call__(self, params: PyTree, v: PyTree) -> PyTree:
         return self._mv(params, v)
@@ -417,57 +597,62 @@ def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks:
 
     def mv(params: PyTree, v: PyTree) -> PyTree:
         _check_point(params, treedef, shapes, name)
-        vs = jax.tree_util.tree_leaves(v)
-        out = list(vs)
-        for layer, block in zip(layers, blocks):
-            V = _stack(vs, layer)
+
+        def product(n: int, V: jax.Array) -> jax.Array:
             if kind == "kfac":
-                A, B = block[0], block[1]
-                R = A.astype(V.dtype) @ V @ B.astype(V.dtype)
-            else:
-                S, QA, QB = (b.astype(V.dtype) for b in block)
-                R = QA @ ((QA.T @ V @ QB) * S) @ QB.T
-            _unstack(out, layer, R)
-        return jax.tree_util.tree_unflatten(treedef, out)
+                A, B = blocks[n][0].astype(V.dtype), blocks[n][1].astype(V.dtype)
+                return A @ V @ B
+            S, QA, QB = (b.astype(V.dtype) for b in blocks[n])
+            return QA @ ((QA.T @ V @ QB) * S) @ QB.T
+
+        return jax.tree_util.tree_unflatten(treedef, _map_layers(jax.tree_util.tree_leaves(v), layers, product))
+
+    def in_eigenbasis(v: PyTree, scale: Callable[[jax.Array], jax.Array]) -> list:
+        """The leaves of ``Q diag(scale(S)) Q^T v``, layer by layer."""
+
+        def apply(n: int, V: jax.Array) -> jax.Array:
+            S, QA, QB = (b.astype(V.dtype) for b in _eigen_block(blocks[n], kind))
+            return QA @ ((QA.T @ V @ QB) * scale(S)) @ QB.T
+
+        return _map_layers(jax.tree_util.tree_leaves(v), layers, apply)
 
     def solve(params: PyTree, rhs: PyTree, damping: Any) -> tuple[PyTree, jax.Array]:
         _check_point(params, treedef, shapes, name)
-        rs = jax.tree_util.tree_leaves(rhs)
-        out = list(rs)
         ok, finite = jnp.asarray(True), jnp.asarray(True)
-        for layer, block in zip(layers, blocks):
-            V = _stack(rs, layer)
-            S, QA, QB = (b.astype(V.dtype) for b in _eigen_block(block, kind))
-            D = S + damping
-            eps = jnp.finfo(V.dtype).eps
+        for block in blocks:
+            D = _eigen_block(block, kind)[0] + damping
+            eps = jnp.finfo(D.dtype).eps
             ok = ok & (jnp.min(D) > max(D.shape) * eps * jnp.max(jnp.abs(D)))
-            finite = finite & jnp.all(jnp.isfinite(D)) & jnp.all(jnp.isfinite(V))
-            _unstack(out, layer, QA @ ((QA.T @ V @ QB) / D) @ QB.T)
+            finite = finite & jnp.all(jnp.isfinite(D))
+        finite = finite & jnp.all(jnp.asarray([jnp.all(jnp.isfinite(r)) for r in jax.tree_util.tree_leaves(rhs)]))
         status = jnp.where(
             ~finite, Status.NON_FINITE, jnp.where(ok, Status.OK, Status.NOT_POSITIVE_DEFINITE)
         ).astype(jnp.int32)
-        out = [jnp.where(status == Status.OK, x, jnp.nan) for x in out]
+        out = [jnp.where(status == Status.OK, x, jnp.nan) for x in in_eigenbasis(rhs, lambda S: 1.0 / (S + damping))]
         return jax.tree_util.tree_unflatten(treedef, out), status
 
     def square_root(params: PyTree, v: PyTree, damping: Any) -> PyTree:
         _check_point(params, treedef, shapes, name)
-        vs = jax.tree_util.tree_leaves(v)
-        out = list(vs)
-        for layer, block in zip(layers, blocks):
-            V = _stack(vs, layer)
-            S, QA, QB = (b.astype(V.dtype) for b in _eigen_block(block, kind))
-            _unstack(out, layer, QA @ ((QA.T @ V @ QB) * jnp.sqrt(S + damping)) @ QB.T)
-        return jax.tree_util.tree_unflatten(treedef, out)
+        return jax.tree_util.tree_unflatten(treedef, in_eigenbasis(v, lambda S: jnp.sqrt(S + damping)))
+
+    def diagonal(params: PyTree) -> PyTree:
+        leaves = _check_point(params, treedef, shapes, name)
+
+        def diag(n: int, V: jax.Array) -> jax.Array:
+            S, QA, QB = (b.astype(V.dtype) for b in _eigen_block(blocks[n], kind))
+            return (QA * QA) @ S @ (QB * QB).T
+
+        return jax.tree_util.tree_unflatten(treedef, _map_layers(leaves, layers, diag))
 
     def eigenbasis() -> list[KroneckerEigenbasis]:
         out = []
         for layer, block in zip(layers, blocks):
             S, QA, QB = _eigen_block(block, kind)
-            bias = None if layer.bias is None else paths[layer.bias]
-            out.append(KroneckerEigenbasis(paths[layer.weight], bias, QA, QB, S))
+            bias = None if layer.bias is None else _weight_name(paths, layer.bias, layer.bias_index)
+            out.append(KroneckerEigenbasis(_weight_name(paths, layer.weight, layer.index), bias, QA, QB, S))
         return out
 
-    return Metric(_FactoredProduct(mv, eigenbasis, square_root), name, solve_fn=solve)
+    return Metric(_FactoredProduct(mv, eigenbasis, square_root, diagonal), name, solve_fn=solve)
 
 
 def _projected_second_moments(xt: jax.Array, gt: jax.Array, c: float) -> jax.Array:
@@ -617,7 +802,8 @@ def kfac_factors(
     out = []
     for layer, (x, g, c) in zip(layers, stats):
         A, B = _kronecker_pair(x, g, c, weight_sharing)
-        out.append(KroneckerFactor(paths[layer.weight], None if layer.bias is None else paths[layer.bias], A, B))
+        bias = None if layer.bias is None else _weight_name(paths, layer.bias, layer.bias_index)
+        out.append(KroneckerFactor(_weight_name(paths, layer.weight, layer.index), bias, A, B))
     return out
 
 
