@@ -1082,7 +1082,7 @@ def _kronecker_basis(params: PyTree, curvature: Any, who: str) -> tuple[list, di
     for e in basis:  # a layer on one block of a scan's stack, or a weight of other than two axes
         whole = e.weight in index and np.shape(leaves[index[e.weight]]) == (
             e.QA.shape[0] - (e.bias is not None), e.QB.shape[0])
-        if not whole and e.weight.rsplit("[", 1)[0] in index | {e.weight: 0}:
+        if not whole and (e.weight in index or e.weight.rsplit("[", 1)[0] in index):
             raise GeometryError(
                 f"{who}: structure='kfac' needs every layer's weight to be a whole (in, out) leaf, but the "
                 f"layer {e.weight} is not (a block of a leaf stacked over a scan, or a weight of other than "

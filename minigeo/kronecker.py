@@ -185,6 +185,11 @@ class _Layer(NamedTuple):
 _CALLS = ("pjit", "jit", "closed_call", "core_call", "checkpoint", "remat")
 
 
+def _inlined_call(eqn: Any) -> bool:
+    """Whether ``eqn`` is a nested call whose program :func:`_evaluate` inlines."""
+    return eqn.primitive.name in _CALLS and ("jaxpr" in eqn.params or "call_jaxpr" in eqn.params)
+
+
 def _evaluate(jaxpr: Any, consts: list, args: list) -> list:
     """Evaluate ``jaxpr``, inlining nested calls and unrolling ``lax.scan`` (slices ``x[i]`` of its inputs),
     so that a dense layer of a block run by a scan appears once per block, on that block's slice."""
@@ -196,12 +201,11 @@ def _evaluate(jaxpr: Any, consts: list, args: list) -> list:
         env[v] = a
     for eqn in jaxpr.eqns:
         invals = [read(v) for v in eqn.invars]
-        name = eqn.primitive.name
-        inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
-        if name in _CALLS and inner is not None:
+        if _inlined_call(eqn):
+            inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
             closed = inner if hasattr(inner, "consts") else None
             outs = _evaluate(closed.jaxpr if closed else inner, list(closed.consts) if closed else [], invals)
-        elif name == "scan":
+        elif eqn.primitive.name == "scan":
             p = eqn.params
             nc, nk, body = p["num_consts"], p["num_carry"], p["jaxpr"]
             consts_, carry, xs = invals[:nc], invals[nc: nc + nk], invals[nc + nk:]
@@ -228,8 +232,7 @@ def _evaluate(jaxpr: Any, consts: list, args: list) -> list:
 def _flat_program(f: Callable, leaves: list) -> Any:
     """The closed jaxpr of ``f(leaves)`` with nested calls inlined and scans unrolled."""
     closed = jax.make_jaxpr(f)(leaves)
-    if not any(e.primitive.name == "scan" or (e.primitive.name in _CALLS and ("jaxpr" in e.params or "call_jaxpr" in e.params))
-               for e in closed.jaxpr.eqns):
+    if not any(e.primitive.name == "scan" or _inlined_call(e) for e in closed.jaxpr.eqns):
         return closed  # already flat: no second trace
     return jax.make_jaxpr(lambda ls: _evaluate(closed.jaxpr, list(closed.consts), ls))(leaves)
 
@@ -527,8 +530,10 @@ def _eigh(M: jax.Array) -> tuple[jax.Array, jax.Array]:
 # ---------------------------------------------------------------------------
 # the metrics
 # ---------------------------------------------------------------------------
-def _weight_name(paths: list, k: int, i: int | None) -> str:
-    return paths[k] if i is None else f"{paths[k]}[{i}]"
+def _layer_names(paths: list, layer: _Layer) -> tuple[str, str | None]:
+    """The layer's weight and bias as paths, ``path[l]`` for a block's slice of a stacked leaf."""
+    name = lambda k, i: paths[k] if i is None else f"{paths[k]}[{i}]"
+    return name(layer.weight, layer.index), None if layer.bias is None else name(layer.bias, layer.bias_index)
 
 
 def _stack(leaves: list, layer: _Layer) -> jax.Array:
@@ -648,8 +653,7 @@ def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks:
         out = []
         for layer, block in zip(layers, blocks):
             S, QA, QB = _eigen_block(block, kind)
-            bias = None if layer.bias is None else _weight_name(paths, layer.bias, layer.bias_index)
-            out.append(KroneckerEigenbasis(_weight_name(paths, layer.weight, layer.index), bias, QA, QB, S))
+            out.append(KroneckerEigenbasis(*_layer_names(paths, layer), QA, QB, S))
         return out
 
     return Metric(_FactoredProduct(mv, eigenbasis, square_root, diagonal), name, solve_fn=solve)
@@ -802,8 +806,7 @@ def kfac_factors(
     out = []
     for layer, (x, g, c) in zip(layers, stats):
         A, B = _kronecker_pair(x, g, c, weight_sharing)
-        bias = None if layer.bias is None else _weight_name(paths, layer.bias, layer.bias_index)
-        out.append(KroneckerFactor(_weight_name(paths, layer.weight, layer.index), bias, A, B))
+        out.append(KroneckerFactor(*_layer_names(paths, layer), A, B))
     return out
 
 

@@ -952,7 +952,6 @@ def _vit_truth(d, merge, X):
     backpropagated to the layer's output; the exact block (1/N) sum_n J_n^T H_n J_n (jax.jacfwd)."""
     mats = [jnp.asarray(m, jnp.float64) for m in _vit_matrices(d)]
     X = jnp.asarray(X, jnp.float64)
-    shapes = [None] * len(mats)
     z, xs = _vit_by_hand(mats, [0.0] * len(mats), merge, X)
     probes = [jnp.zeros(x.shape[:-1] + (m.shape[1],)) for x, m in zip(xs, mats)]
     H = output_hessian(z, "categorical")
@@ -973,7 +972,6 @@ def _vit_truth(d, merge, X):
 
         J = np.asarray(jax.jacfwd(zk)(mats[k])).reshape(n, z.shape[1], -1)
         blocks.append(np.einsum("ncd,nce,nef->df", J, H, J) / n)
-    del shapes
     return A, B, blocks
 
 
