@@ -68,7 +68,7 @@ import numpy as np
 from jax.extend.core import Literal
 
 from ._checks import GeometryError, as_float_point, check_finite, check_key, split_batch
-from ._compile import jit_per_callable
+from ._compile import Derived, jit_per_callable
 from ._likelihood import Likelihood, as_likelihood, categorical_likelihood
 from ._status import Status
 from ._tree import PyTree
@@ -418,10 +418,11 @@ def _run(closed: Any, leaves: list, probes: list, layers: list[_Layer]) -> tuple
 _CATEGORICAL_FISHER_MV = categorical_likelihood().fisher_mv
 
 
-def _output_factor(lik: Likelihood, z: jax.Array) -> jax.Array:
-    r"""``S``, ``(N, C, R)``, with :math:`F_{z_n} = S_n S_n^\top` (the exact output-space Fisher)."""
+def _output_factor(lik: Likelihood, z: jax.Array, categorical: bool) -> jax.Array:
+    r"""``S``, ``(N, C, R)``, with :math:`F_{z_n} = S_n S_n^\top` (the exact output-space Fisher);
+    ``categorical``: the likelihood is minigeo's categorical one (its factor in closed form)."""
     n, c = z.shape
-    if lik.fisher_mv is _CATEGORICAL_FISHER_MV:  # diag(p) - p p^T = S S^T, S = diag(sqrt p) - p sqrt(p)^T
+    if categorical:  # diag(p) - p p^T = S S^T, S = diag(sqrt p) - p sqrt(p)^T
         p = jax.nn.softmax(z, axis=-1)
         s = jnp.sqrt(p)
         return jax.vmap(jnp.diag)(s) - p[:, :, None] * s[:, None, :]
@@ -439,65 +440,19 @@ def _kronecker_pair(x: jax.Array, g: jax.Array, c: float, weight_sharing: str) -
     with the mean of its inputs and the sum of its columns (:math:`\sum_t \bar x_t g_t^\top \approx
     \bar x\,(\sum_t g_t)^\top`), :math:`M = N`.  For a layer applied once per example (``T = 1``) both
     are the same."""
-    if weight_sharing == "expand":
-        x, g = x.reshape(-1, x.shape[-1]), g.reshape(g.shape[0], -1, g.shape[-1])
-    else:
-        x, g = jnp.mean(x, axis=1), jnp.sum(g, axis=2)
+    x, g = _units(x, weight_sharing, jnp.mean), jax.vmap(lambda gr: _units(gr, weight_sharing, jnp.sum))(g)
     return x.T @ x / x.shape[0], c * jnp.einsum("rno,rnp->op", g, g)
 
 
-def _statistics(f: Callable, lik: Likelihood, reduction: str, mc_samples: int | None, key: Any, leaves: list):
-    """``(xs, gs, c)``: per layer the inputs ``(N, T, in)`` (a 1 appended for a bias) and the backpropagated
-    columns ``(R, N, T, out)``, ``T`` the layer's tokens (1 for a layer applied once per example)."""
-    closed = _flat_program(f, leaves)
-    z_aval = closed.out_avals[0]
-    layers, _ = _find_layers(closed.jaxpr, [tuple(x.shape) for x in leaves], z_aval.shape[0])
-    probes = [jnp.zeros(layer.out_shape, z_aval.dtype) for layer in layers]
-    (z,), vjp, xs = jax.vjp(lambda pr: _run(closed, leaves, pr, layers), probes, has_aux=True)
-    n = z.shape[0]
-    z0 = jax.lax.stop_gradient(z)
-    if mc_samples is None:
-        columns = jnp.moveaxis(_output_factor(lik, z0), -1, 0)  # (R, N, C)
-    else:
-        targets = jax.vmap(lambda k: lik.sample(k, z0))(jax.random.split(key, mc_samples))
-        scores = jax.vmap(lambda t: jax.grad(lambda zz: jnp.sum(lik.nll(zz, t)))(z0))(targets)  # (S, N, C)
-        columns = scores / jnp.sqrt(jnp.asarray(mc_samples, z0.dtype))
-    gs = jax.vmap(lambda w: vjp([w])[0])(columns)  # per layer (R, N, *tokens, out)
-    c = 1.0 / n if reduction == "mean" else 1.0
-    xs = [jnp.transpose(x, layer.x_perm).reshape(n, -1, layer.n_in) for x, layer in zip(xs, layers)]
-    gs = [
-        jnp.transpose(g, (0, *(1 + a for a in layer.g_perm))).reshape(g.shape[0], n, -1, layer.n_out)
-        for g, layer in zip(gs, layers)
-    ]
-    xs = [
-        jnp.concatenate([x, jnp.ones(x.shape[:-1] + (1,), x.dtype)], axis=-1) if layer.bias is not None else x
-        for x, layer in zip(xs, layers)
-    ]
-    return xs, gs, c
+def _units(v: jax.Array, weight_sharing: str, pool: Callable) -> jax.Array:
+    """``(N, T, k)`` to the ``(M, k)`` rows of the factor: every (example, token) for ``"expand"``, the
+    token axis pooled (``jnp.mean`` for inputs, ``jnp.sum`` for backpropagated columns) for ``"reduce"``."""
+    return v.reshape(-1, v.shape[-1]) if weight_sharing == "expand" else pool(v, axis=1)
 
 
-_compiled = jit_per_callable(lambda work, leaves: work(leaves))
-
-
-def _prepare(model_fn: Callable, likelihood: Any, params: PyTree, batch: Any, reduction: str,
-             mc_samples: Any, key: Any, who: str):
-    """Checked arguments, the model on its data over the flat leaves, the dense layers found."""
-    lik = as_likelihood(likelihood, who)
-    if reduction not in ("mean", "sum"):
-        raise GeometryError(f"{who}: reduction must be 'mean' or 'sum', got {reduction!r}.")
-    if mc_samples is not None:
-        if key is None or isinstance(mc_samples, bool) or not (isinstance(mc_samples, int) and mc_samples >= 1):
-            raise GeometryError(f"{who}: the Monte-Carlo Fisher needs mc_samples >= 1 (an int) and a PRNG key.")
-        check_key(key)
-    params = as_float_point(params, "params")
-    check_finite(params, "params")
-    leaves, treedef = jax.tree_util.tree_flatten(params)
-    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
-    if batch is None:
-        f = lambda ls: model_fn(jax.tree_util.tree_unflatten(treedef, ls))
-    else:
-        inputs, _ = split_batch(batch, who)
-        f = lambda ls: model_fn(jax.tree_util.tree_unflatten(treedef, ls), inputs)
+def _model_layers(f: Callable, leaves: list, who: str, paths: tuple) -> tuple[Any, list[_Layer]]:
+    """The model's flat program and its dense layers; a :class:`GeometryError` when the model's output is
+    not one ``(N, C)`` array, the batch is empty, or a parameter is outside the dense layers."""
     closed = _flat_program(f, leaves)
     if len(closed.out_avals) != 1 or len(closed.out_avals[0].shape) != 2:
         shapes = [tuple(a.shape) for a in closed.out_avals]
@@ -519,7 +474,126 @@ def _prepare(model_fn: Callable, likelihood: Any, params: PyTree, batch: Any, re
             "Hold the other parameters fixed (pass only the dense ones and let model_fn close over the rest), "
             "or use mg.ggn / mg.fisher (exact, matrix-free)."
         )
-    return lik, params, leaves, treedef, paths, f, layers
+    return closed, layers
+
+
+def _statistics(closed: Any, layers: list[_Layer], lik: Likelihood, reduction: str, mc_samples: int | None,
+                key: Any, leaves: list, categorical: bool):
+    """``(xs, backward, columns, c)``: per layer the inputs ``(N, T, in)`` (a 1 appended for a bias); the
+    output-side columns ``(R, N, C)`` (a factor of the output Fisher, or scaled Monte-Carlo scores); and
+    ``backward(w)``, per layer the column ``w`` backpropagated to the layer's outputs, ``(N, T, out)``,
+    ``T`` the layer's tokens (1 for a layer applied once per example)."""
+    z_aval = closed.out_avals[0]
+    probes = [jnp.zeros(layer.out_shape, z_aval.dtype) for layer in layers]
+    (z,), vjp, xs = jax.vjp(lambda pr: _run(closed, leaves, pr, layers), probes, has_aux=True)
+    n = z.shape[0]
+    z0 = jax.lax.stop_gradient(z)
+    if mc_samples is None:
+        columns = jnp.moveaxis(_output_factor(lik, z0, categorical), -1, 0)  # (R, N, C)
+    else:
+        targets = jax.vmap(lambda k: lik.sample(k, z0))(jax.random.split(key, mc_samples))
+        scores = jax.vmap(lambda t: jax.grad(lambda zz: jnp.sum(lik.nll(zz, t)))(z0))(targets)  # (S, N, C)
+        columns = scores / jnp.sqrt(jnp.asarray(mc_samples, z0.dtype))
+
+    def backward(w: jax.Array) -> list:
+        return [jnp.transpose(g, layer.g_perm).reshape(n, -1, layer.n_out) for g, layer in zip(vjp([w])[0], layers)]
+
+    c = 1.0 / n if reduction == "mean" else 1.0
+    xs = [jnp.transpose(x, layer.x_perm).reshape(n, -1, layer.n_in) for x, layer in zip(xs, layers)]
+    xs = [
+        jnp.concatenate([x, jnp.ones(x.shape[:-1] + (1,), x.dtype)], axis=-1) if layer.bias is not None else x
+        for x, layer in zip(xs, layers)
+    ]
+    return xs, backward, columns, c
+
+
+@jax.tree_util.register_pytree_node_class
+class _Found:
+    """The dense layers found in the model's program, carried out of the compiled rule as static pytree
+    data: a call that reuses the compiled rule (the same programs) gets them back without a trace."""
+
+    def __init__(self, layers: tuple) -> None:
+        self.layers = tuple(layers)
+
+    def tree_flatten(self) -> tuple[tuple, tuple]:
+        return (), self.layers
+
+    @classmethod
+    def tree_unflatten(cls, layers: tuple, _: tuple) -> "_Found":
+        return cls(layers)
+
+
+def _factor_rule(f: Callable, fisher_mv: Callable, sample: Callable, nll: Callable, leaves: list, key: Any, *,
+                 name: str, categorical: bool, reduction: str, mc_samples: int | None, weight_sharing: str,
+                 kind: str, who: str, paths: tuple) -> tuple[_Found, list[tuple]]:
+    """The dense layers and every layer's block from the model ``f`` over the leaves and the likelihood's
+    functions: ``kind="pairs"`` ``(A, B)``, ``"kfac"`` ``(A, B, lamA, QA, lamB, QB)``, ``"ekfac"``
+    ``(S, QA, QB)``.
+
+    A :class:`~minigeo._compile.Derived` rule: an eager call traces only ``f`` and the likelihood's
+    functions and reuses the compiled statistics, factors and eigendecompositions when their programs
+    are the ones compiled before (the statistics never leave the compiled program, and the layers come
+    back as the output's static structure)."""
+    lik = Likelihood(name, fisher_mv, sample, nll)
+    closed, layers = _model_layers(f, leaves, who, paths)
+    return _Found(layers), _blocks(closed, layers, lik, leaves, key, categorical, reduction, mc_samples,
+                                   weight_sharing, kind)
+
+
+def _blocks(closed, layers, lik, leaves, key, categorical, reduction, mc_samples, weight_sharing, kind) -> list:
+    xs, backward, columns, c = _statistics(closed, layers, lik, reduction, mc_samples, key, leaves, categorical)
+
+    # B = c sum_r g_r^T g_r, accumulated one column at a time: no (R, N, T, out) array is formed
+    def column(Bs: list, w: jax.Array) -> tuple[list, None]:
+        units = [_units(g, weight_sharing, jnp.sum) for g in backward(w)]
+        return [B + u.T @ u for B, u in zip(Bs, units)], None
+
+    zeros = [jnp.zeros((g.shape[-1],) * 2, columns.dtype) for g in jax.eval_shape(backward, columns[0])]
+    Bs = jax.lax.scan(column, zeros, columns)[0]
+    pairs = []
+    for x, B in zip(xs, Bs):
+        u = _units(x, weight_sharing, jnp.mean)
+        pairs.append((u.T @ u / u.shape[0], c * B))
+    if kind == "pairs":
+        return pairs
+    eig = [(*_eigh(A), *_eigh(B)) for A, B in pairs]
+    if kind == "kfac":
+        return [(A, B, *e) for (A, B), e in zip(pairs, eig)]
+
+    # EKFAC: a second pass over the columns, projecting each one's g onto the factors' eigenbases
+    steps = [_projected_second_moments(x @ QA, QB.shape[0]) for x, (_, QA, _, QB) in zip(xs, eig)]
+
+    def projected(accs: list, w: jax.Array) -> tuple[list, None]:
+        return [upd(acc, g @ QB) for acc, g, (_, upd, _), (_, _, _, QB) in zip(accs, backward(w), steps, eig)], None
+
+    accs = jax.lax.scan(projected, [init() for init, _, _ in steps], columns)[0]
+    return [(finish(acc, c), QA, QB) for acc, (_, _, finish), (_, QA, _, QB) in zip(accs, steps, eig)]
+
+
+_compiled = jit_per_callable(lambda work, leaves, key: work(leaves, key))
+
+
+def _prepare(model_fn: Callable, likelihood: Any, params: PyTree, batch: Any, reduction: str,
+             mc_samples: Any, key: Any, who: str):
+    """Checked arguments and the model on its data over the flat leaves (its program is traced, and its
+    layers found, by :func:`_factor_rule`)."""
+    lik = as_likelihood(likelihood, who)
+    if reduction not in ("mean", "sum"):
+        raise GeometryError(f"{who}: reduction must be 'mean' or 'sum', got {reduction!r}.")
+    if mc_samples is not None:
+        if key is None or isinstance(mc_samples, bool) or not (isinstance(mc_samples, int) and mc_samples >= 1):
+            raise GeometryError(f"{who}: the Monte-Carlo Fisher needs mc_samples >= 1 (an int) and a PRNG key.")
+        check_key(key)
+    params = as_float_point(params, "params")
+    check_finite(params, "params")
+    leaves, treedef = jax.tree_util.tree_flatten(params)
+    paths = [jax.tree_util.keystr(p) for p, _ in jax.tree_util.tree_flatten_with_path(params)[0]]
+    if batch is None:
+        f = lambda ls: model_fn(jax.tree_util.tree_unflatten(treedef, ls))
+    else:
+        inputs, _ = split_batch(batch, who)
+        f = lambda ls: model_fn(jax.tree_util.tree_unflatten(treedef, ls), inputs)
+    return lik, params, leaves, treedef, paths, f
 
 
 def _eigh(M: jax.Array) -> tuple[jax.Array, jax.Array]:
@@ -659,28 +733,28 @@ def _metric(name: str, treedef: Any, shapes: list, layers: list[_Layer], blocks:
     return Metric(_FactoredProduct(mv, eigenbasis, square_root, diagonal), name, solve_fn=solve)
 
 
-def _projected_second_moments(xt: jax.Array, gt: jax.Array, c: float) -> jax.Array:
-    r"""EKFAC's :math:`s_{ij} = c\sum_{n,r}\big(\sum_t \tilde x_{nt,i}\,\tilde g_{nt,r,j}\big)^2`, the squared
-    projections of the per-example gradients :math:`\sum_t \bar x_{nt} g_{nt,r}^\top` onto
-    :math:`q_{A,i}\otimes q_{B,j}` (``xt = x Q_A``, ``(N, T, in)``; ``gt = g Q_B``, ``(R, N, T, out)``).
+def _projected_second_moments(xt: jax.Array, n_out: int) -> tuple[Callable, Callable, Callable]:
+    r"""EKFAC's :math:`s_{ij} = c\sum_{n,r}\big(\sum_t \tilde x_{nt,i}\,\tilde g_{nt,r,j}\big)^2` as ``(init, update,
+    finish)``, summed one column ``r`` at a time: the squared projections of the per-example gradients
+    :math:`\sum_t \bar x_{nt} g_{nt,r}^\top` onto :math:`q_{A,i}\otimes q_{B,j}` (``xt = x Q_A``, ``(N, T, in)``;
+    ``update(acc, gt_r)`` with ``gt_r = g_r Q_B``, ``(N, T, out)``; ``finish(acc, c)`` the ``(in, out)`` moments).
 
     One token: :math:`c\,(\tilde x^{\odot 2})^\top \sum_r \tilde g_r^{\odot 2}`.  Several: through the token
-    Gram matrices (memory :math:`N T^2 (in + out)`) or, when that is larger, the per-example
-    gradients one column ``r`` at a time (memory :math:`N\cdot in\cdot out`), as curvlinops chooses."""
+    Gram matrices :math:`\sum_r \tilde g_{nt,r}\tilde g_{ns,r}` (memory :math:`N T^2 out`) or, when that is
+    larger, the per-example gradients of one column at a time (memory :math:`N\cdot in\cdot out`), as
+    curvlinops chooses."""
     n, T, n_in = xt.shape
-    n_out = gt.shape[-1]
+    dtype = xt.dtype
     if T == 1:
-        return c * (xt[:, 0] ** 2).T @ jnp.sum(gt[:, :, 0] ** 2, axis=0)
+        return (lambda: jnp.zeros((n, n_out), dtype), lambda acc, gt: acc + gt[:, 0] ** 2,
+                lambda acc, c: c * (xt[:, 0] ** 2).T @ acc)
     if T * T * (n_in + n_out) <= n_in * n_out:
-        gram = jnp.einsum("rntj,rnsj->ntsj", gt, gt)
-        return c * jnp.einsum("nti,nsi,ntsj->ij", xt, xt, gram)
-
-    dtype = jnp.result_type(xt, gt)
-
-    def column(acc: jax.Array, g_r: jax.Array) -> tuple[jax.Array, None]:
-        return acc + jnp.sum(jnp.einsum("nti,ntj->nij", xt, g_r) ** 2, axis=0).astype(dtype), None
-
-    return c * jax.lax.scan(column, jnp.zeros((n_in, n_out), dtype), gt)[0]
+        return (lambda: jnp.zeros((n, T, T, n_out), dtype),
+                lambda acc, gt: acc + jnp.einsum("ntj,nsj->ntsj", gt, gt),
+                lambda acc, c: c * jnp.einsum("nti,nsi,ntsj->ij", xt, xt, acc))
+    return (lambda: jnp.zeros((n_in, n_out), dtype),
+            lambda acc, gt: acc + jnp.sum(jnp.einsum("nti,ntj->nij", xt, gt) ** 2, axis=0),
+            lambda acc, c: c * acc)
 
 
 def _eigen_block(block: tuple, kind: str) -> tuple[jax.Array, jax.Array, jax.Array]:
@@ -737,19 +811,18 @@ def kronecker_eigenbasis(metric: Metric) -> list[KroneckerEigenbasis]:
     return fn.eigenbasis()
 
 
-def _factors(model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, who):
+def _factors(model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, who, kind):
+    """``(likelihood, treedef, leaf shapes, paths, layers, blocks)``, the blocks of :func:`_factor_rule` for ``kind``."""
     if weight_sharing not in ("expand", "reduce"):
         raise GeometryError(f"{who}: weight_sharing must be 'expand' or 'reduce', got {weight_sharing!r}.")
-    lik, params, leaves, treedef, paths, f, layers = _prepare(
+    lik, params, leaves, treedef, paths, f = _prepare(
         model_fn, likelihood, params, batch, reduction, mc_samples, key, who
     )
-
-    def work(ls: list) -> list:
-        xs, gs, c = _statistics(f, lik, reduction, mc_samples, key, ls)
-        return [(x, g, c) for x, g in zip(xs, gs)]
-
-    stats = _compiled(work, leaves)
-    return lik, treedef, [tuple(np.shape(x)) for x in leaves], paths, layers, stats
+    static = dict(name=lik.name, categorical=lik.fisher_mv is _CATEGORICAL_FISHER_MV, reduction=reduction,
+                  mc_samples=mc_samples, weight_sharing=weight_sharing, kind=kind, who=who, paths=tuple(paths))
+    work = Derived(_factor_rule, (f, lik.fisher_mv, lik.sample, lik.nll), static)
+    found, blocks = _compiled(work, leaves, key if mc_samples is not None else None)
+    return lik, treedef, [tuple(np.shape(x)) for x in leaves], paths, list(found.layers), blocks
 
 
 def kfac_factors(
@@ -800,14 +873,10 @@ def kfac_factors(
     Martens & Grosse (2015), "Optimizing Neural Networks with Kronecker-factored Approximate
     Curvature" (ICML). Chapter 2.
     """
-    _, _, _, paths, layers, stats = _factors(
-        model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, "kfac_factors"
+    _, _, _, paths, layers, blocks = _factors(
+        model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, "kfac_factors", "pairs"
     )
-    out = []
-    for layer, (x, g, c) in zip(layers, stats):
-        A, B = _kronecker_pair(x, g, c, weight_sharing)
-        out.append(KroneckerFactor(*_layer_names(paths, layer), A, B))
-    return out
+    return [KroneckerFactor(*_layer_names(paths, layer), A, B) for layer, (A, B) in zip(layers, blocks)]
 
 
 def kfac(
@@ -901,13 +970,9 @@ def kfac(
     Curvature" (ICML); the "type-2" factor :math:`B` as in curvlinops' ``KFACLinearOperator``.
     Chapter 2.
     """
-    lik, treedef, shapes, paths, layers, stats = _factors(
-        model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, "kfac"
+    lik, treedef, shapes, paths, layers, blocks = _factors(
+        model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, "kfac", "kfac"
     )
-    blocks = []
-    for x, g, c in stats:
-        A, B = _kronecker_pair(x, g, c, weight_sharing)
-        blocks.append((A, B, *_eigh(A), *_eigh(B)))
     name = f"{'MC ' if mc_samples is not None else ''}KFAC ({lik.name})"
     return _metric(name, treedef, shapes, layers, blocks, "kfac", paths)
 
@@ -969,14 +1034,8 @@ def ekfac(
     George, Laurent, Bouthillier, Ballas & Vincent (2018), "Fast Approximate Natural Gradient
     Descent in a Kronecker-factored Eigenbasis" (NeurIPS); Martens & Grosse (2015). Chapter 2.
     """
-    lik, treedef, shapes, paths, layers, stats = _factors(
-        model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, "ekfac"
+    lik, treedef, shapes, paths, layers, blocks = _factors(
+        model_fn, likelihood, params, batch, reduction, mc_samples, key, weight_sharing, "ekfac", "ekfac"
     )
-    blocks = []
-    for x, g, c in stats:
-        A, B = _kronecker_pair(x, g, c, weight_sharing)
-        (_, QA), (_, QB) = _eigh(A), _eigh(B)
-        S = _projected_second_moments(x @ QA, g @ QB, c)
-        blocks.append((S, QA, QB))
     name = f"{'MC ' if mc_samples is not None else ''}EKFAC ({lik.name})"
     return _metric(name, treedef, shapes, layers, blocks, "ekfac", paths)

@@ -859,6 +859,46 @@ def test_factors_follow_a_global_the_model_reads_and_the_weight_sharing_asked_fo
         _TOKEN_GAIN = 1.0
 
 
+_PRECISION = 1.0  # a notebook-style global the likelihood below reads
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_factors_follow_a_global_the_likelihood_reads(dtype):
+    """Never stale: a user's Gaussian likelihood reads its precision from a global.  B is linear in it
+    (F_z = precision * I), A does not depend on it, and KFAC's and EKFAC's products follow it: each
+    call's values equal the precision times those of a call at precision 1, also after going back."""
+    global _PRECISION
+    params, _, X, _ = token_net(seed=15, dtype=dtype)
+    lik = mg.metrics.Likelihood(
+        "gaussian",
+        lambda z, u: _PRECISION * u,
+        lambda key, z: z + jax.random.normal(key, z.shape, z.dtype) / jnp.sqrt(_PRECISION),
+        lambda z, t: 0.5 * _PRECISION * jnp.sum((t - z) ** 2, axis=-1),
+    )
+    v = jax.tree_util.tree_map(lambda a: jnp.cos(jnp.arange(a.size, dtype=a.dtype)).reshape(a.shape), params)
+    tok_model = lambda p, x: jax.vmap(lambda xn: jnp.mean(jnp.tanh(xn @ p["tok"]["W"] + p["tok"]["b"]), axis=0)
+                                      @ p["head"]["W"] + p["head"]["b"])(x)
+
+    def values():
+        factors = mg.kronecker.kfac_factors(tok_model, lik, params, batch=(X, None))
+        products = [mg.kfac(tok_model, lik, params, batch=(X, None)).mv(params, v),
+                    mg.ekfac(tok_model, lik, params, batch=(X, None)).mv(params, v)]
+        return [f.A for f in factors], [f.B for f in factors], jax.tree_util.tree_leaves(products)
+
+    try:
+        _PRECISION = 1.0
+        A1, B1, P1 = values()
+        for precision in (3.0, 1.0):
+            _PRECISION = precision
+            A, B, P = values()
+            for got, want, scale in [*zip(A, A1, [1.0] * len(A)), *zip(B, B1, [precision] * len(B)),
+                                     *zip(P, P1, [precision] * len(P))]:
+                want = scale * np.asarray(want, np.float64)
+                np.testing.assert_allclose(np.asarray(got, np.float64), want, atol=tol(dtype) * np.abs(want).max())
+    finally:
+        _PRECISION = 1.0
+
+
 # ---------------------------------------------------------------------------
 # (7) a vision transformer: per-head projections, blocks under lax.scan, the other parameters held fixed
 # ---------------------------------------------------------------------------
