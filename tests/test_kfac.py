@@ -986,10 +986,11 @@ def _vit_by_hand(mats, probes, merge, X):
     return dense_(ln(x[:, 0], p["ln_final"]), next(it)), xs
 
 
-def _vit_truth(d, merge, X):
+def _vit_truth(d, merge, X, exact_blocks=True):
     """Expand-sharing K-FAC factors and the exact GGN blocks of every layer, from the hand-written ViT:
     A = mean_{n,t} xb xb^T; B = (1/N) sum_{n,t,r} g g^T, g the columns of S_n (S_n S_n^T = diag p - p p^T)
-    backpropagated to the layer's output; the exact block (1/N) sum_n J_n^T H_n J_n (jax.jacfwd)."""
+    backpropagated to the layer's output; the exact block (1/N) sum_n J_n^T H_n J_n (jax.jacfwd; left
+    out, [], with ``exact_blocks=False``)."""
     mats = [jnp.asarray(m, jnp.float64) for m in _vit_matrices(d)]
     X = jnp.asarray(X, jnp.float64)
     z, xs = _vit_by_hand(mats, [0.0] * len(mats), merge, X)
@@ -1006,6 +1007,8 @@ def _vit_truth(d, merge, X):
         A.append(x.T @ x / x.shape[0])
         B.append(sum(np.asarray(c[k]).reshape(-1, m.shape[1]).T @ np.asarray(c[k]).reshape(-1, m.shape[1])
                      for c in cols) / n)
+        if not exact_blocks:
+            continue
 
         def zk(mk, k=k):
             return _vit_by_hand([mk if j == k else mj for j, mj in enumerate(mats)], [0.0] * len(mats), merge, X)[0]
@@ -1042,6 +1045,33 @@ def test_vit_kfac_factors_and_ekfac_eigenvalues_against_a_hand_written_vit(dtype
         s = np.diag(Q.T @ G @ Q).reshape(e.eigenvalues.shape)
         np.testing.assert_allclose(np.asarray(e.eigenvalues, np.float64), s, atol=tol(dtype) * np.abs(s).max() * 10,
                                    err_msg=e.weight)
+
+
+_VIT_GAIN = 1.0  # a notebook-style global the model below reads
+
+
+def test_vit_factors_second_call_compiles_nothing_and_follows_new_images_and_a_global():
+    """The compiled statistics are reused across eager calls (a new model closure, new images of the same
+    shape), and nothing is stale: each call's factors equal the hand-written truth for that call's images
+    and the value of a global the model reads (a gain on the images)."""
+    global _VIT_GAIN
+    d, merge, _, X = vit_net(seed=5, n=2)
+    X2 = jnp.flip(X, axis=1) + 0.5
+    try:
+        for k, (gain, images) in enumerate([(1.0, X), (1.0, X2), (2.0, X2)]):
+            _VIT_GAIN = gain
+            model = lambda p, x: _vit.vit_apply(merge(p), _VIT_GAIN * x, _VIT)
+            if k == 0:
+                factors = mg.kronecker.kfac_factors(model, "categorical", d, batch=(images, None))
+            else:
+                factors, n = compiles_during(mg.kronecker.kfac_factors, model, "categorical", d, batch=(images, None))
+                assert n == 0, f"call {k} compiled {n} programs"
+            A, B, _ = _vit_truth(d, merge, gain * images, exact_blocks=False)
+            for f, a, b in zip(factors, A, B):
+                np.testing.assert_allclose(np.asarray(f.A), a, atol=1e-12 * np.abs(a).max(), err_msg=f.weight)
+                np.testing.assert_allclose(np.asarray(f.B), b, atol=1e-12 * np.abs(b).max(), err_msg=f.weight)
+    finally:
+        _VIT_GAIN = 1.0
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
