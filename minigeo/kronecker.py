@@ -190,16 +190,19 @@ def _inlined_call(eqn: Any) -> bool:
     return eqn.primitive.name in _CALLS and ("jaxpr" in eqn.params or "call_jaxpr" in eqn.params)
 
 
-def _evaluate(jaxpr: Any, consts: list, args: list) -> list:
+def _evaluate(jaxpr: Any, consts: list, args: list, hook: Callable | None = None) -> list:
     """Evaluate ``jaxpr``, inlining nested calls and unrolling ``lax.scan`` (slices ``x[i]`` of its inputs),
-    so that a dense layer of a block run by a scan appears once per block, on that block's slice."""
+    so that a dense layer of a block run by a scan appears once per block, on that block's slice.
+
+    ``hook(i, invals, out)``, when given, replaces the output of the program's own ``i``-th equation
+    (not those of the calls and scan bodies it evaluates): :func:`_run` adds the probes there."""
     env: dict = {}
     read = lambda v: v.val if isinstance(v, Literal) else env[v]
     for v, c in zip(jaxpr.constvars, consts):
         env[v] = c
     for v, a in zip(jaxpr.invars, args):
         env[v] = a
-    for eqn in jaxpr.eqns:
+    for i, eqn in enumerate(jaxpr.eqns):
         invals = [read(v) for v in eqn.invars]
         if _inlined_call(eqn):
             inner = eqn.params.get("jaxpr", eqn.params.get("call_jaxpr"))
@@ -211,8 +214,9 @@ def _evaluate(jaxpr: Any, consts: list, args: list) -> list:
             consts_, carry, xs = invals[:nc], invals[nc: nc + nk], invals[nc + nk:]
             steps = range(p["length"] - 1, -1, -1) if p["reverse"] else range(p["length"])
             ys = []
-            for i in steps:
-                out = _evaluate(body.jaxpr, list(body.consts), [*consts_, *carry, *(jax.lax.index_in_dim(x, i, keepdims=False) for x in xs)])
+            for step in steps:
+                out = _evaluate(body.jaxpr, list(body.consts),
+                                [*consts_, *carry, *(jax.lax.index_in_dim(x, step, keepdims=False) for x in xs)])
                 carry, y = out[:nk], out[nk:]
                 ys.append(y)
             if p["reverse"]:
@@ -222,8 +226,10 @@ def _evaluate(jaxpr: Any, consts: list, args: list) -> list:
                               for j, a in zip(range(n_y), body.out_avals[nk:]))]
         else:
             with eqn.ctx.manager:
-                outs = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-            outs = outs if eqn.primitive.multiple_results else [outs]
+                out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
+            if hook is not None:
+                out = hook(i, invals, out)
+            outs = out if eqn.primitive.multiple_results else [out]
         for v, o in zip(eqn.outvars, outs):
             env[v] = o
     return [read(v) for v in jaxpr.outvars]
@@ -288,9 +294,9 @@ def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list
             return None
         return index[leaf], int(i)
 
-    def bias_source(other: Any, out_shape: tuple, positions: list[int], ndim: int) -> tuple | None:
+    def bias_source(other: Any, out_shape: tuple, positions: list[int]) -> tuple | None:
         """The bias ``(k, i)`` that ``other`` is a broadcast of (single-use ``broadcast_in_dim`` steps),
-        its axes landing on the product's output axes ``positions`` of the ``ndim``-axis sum."""
+        its axes landing on the product's output axes ``positions`` of the sum."""
         chain = []
         while _is_var(other) and single_use(other) and source(other) is None:
             e = producer.get(other)
@@ -307,9 +313,7 @@ def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list
         axes = list(range(len(shape)))  # where each of the bias's axes lands
         for e in reversed(chain):
             axes = [e.params["broadcast_dimensions"][a] for a in axes]
-        offset = ndim - len(other.aval.shape) if not chain else ndim - len(chain[0].outvars[0].aval.shape)
-        axes = [a + offset for a in axes]  # an implicit rank promotion aligns the trailing axes
-        return src if axes == positions else None
+        return src if axes == positions else None  # (an add's operands have equal ranks: no promotion)
 
     def bias_of(y: Any, out_shape: tuple, positions: list[int]) -> tuple | None:
         """The bias of the product ``y``: added to it (after transposes), or to a sum that it is the only use
@@ -327,7 +331,7 @@ def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list
                 continue
             if e.primitive.name != "add":
                 return None
-            b = bias_source(e.invars[1 - pos], out_shape, positions, len(cur.aval.shape))
+            b = bias_source(e.invars[1 - pos], out_shape, positions)
             if b is not None:
                 return b
             out = e.outvars[0]
@@ -390,26 +394,16 @@ def _find_layers(jaxpr: Any, leaf_shapes: list[tuple], batch: int) -> tuple[list
 
 def _run(closed: Any, leaves: list, probes: list, layers: list[_Layer]) -> tuple[list, list]:
     """Evaluate the (flat) program with a probe added to each dense layer's product; also return the layer inputs."""
-    jaxpr = closed.jaxpr
-    env: dict = {}
-    read = lambda v: v.val if isinstance(v, Literal) else env[v]
-    for v, c in zip(jaxpr.constvars, closed.consts):
-        env[v] = c
-    for v, a in zip(jaxpr.invars, leaves):
-        env[v] = a
     at = {layer.eqn: n for n, layer in enumerate(layers)}
     xs = [None] * len(layers)
-    for i, eqn in enumerate(jaxpr.eqns):
-        invals = [read(v) for v in eqn.invars]
-        with eqn.ctx.manager:
-            out = eqn.primitive.bind(*invals, **eqn.primitive.get_bind_params(eqn.params))
-        if i in at:
-            xs[at[i]] = invals[layers[at[i]].x_pos]
-            out = out + probes[at[i]]
-        outs = out if eqn.primitive.multiple_results else [out]
-        for v, o in zip(eqn.outvars, outs):
-            env[v] = o
-    return [read(v) for v in jaxpr.outvars], xs
+
+    def probe(i: int, invals: list, out: Any) -> Any:
+        if i not in at:
+            return out
+        xs[at[i]] = invals[layers[at[i]].x_pos]
+        return out + probes[at[i]]
+
+    return _evaluate(closed.jaxpr, list(closed.consts), leaves, probe), xs
 
 
 # ---------------------------------------------------------------------------
