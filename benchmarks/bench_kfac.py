@@ -196,28 +196,14 @@ def _vit_rows(key, torch, ops, repeats):
 
     cfg = vit.ViTConfig(image_size=8, patch_size=2, channels=1, num_classes=10, width=64, depth=2, heads=4, mlp_dim=128)
     full = vit.init_vit(jax.random.fold_in(key, 11), cfg)
-    dense_keys = ("kernel", "W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o")
-    owners = ("patch_embed", "fc1", "fc2", "head")
-    flat = {tuple(k.key for k in p): x for p, x in jax.tree_util.tree_flatten_with_path(full)[0]}
-    is_dense = lambda path: path[-1] in dense_keys or (path[-1] == "bias" and path[-2] in owners)
-    dense = {p: x for p, x in flat.items() if is_dense(p)}
-    rest = {p: x for p, x in flat.items() if not is_dense(p)}
-
-    def merge(d):
-        out: dict = {}
-        for path, x in {**rest, **d}.items():
-            node = out
-            for k in path[:-1]:
-                node = node.setdefault(k, {})
-            node[path[-1]] = x
-        return out
-
+    dense, merge = vit.vit_dense_params(full)
+    every = {tuple(k.key for k in p): x for p, x in jax.tree_util.tree_flatten_with_path(full)[0]}
     model = lambda d, x: vit.vit_apply(merge(d), x, cfg)
     ks = jax.random.split(jax.random.fold_in(key, 12), 2)
     X = jax.random.normal(ks[0], (128, 8, 8, 1))
     labels = jax.random.randint(ks[1], (128,), 0, 10)
     lins = [linear(torch, W, b) for W, b in _vit_layer_mats(dense, cfg.depth)]
-    fixed = {p: torch.from_numpy(np.asarray(x).copy()) for p, x in rest.items()}
+    fixed = {p: torch.from_numpy(np.asarray(x).copy()) for p, x in every.items() if p not in dense}
     h, e = cfg.heads, cfg.head_dim
 
     def ln(z, name, l):

@@ -465,8 +465,9 @@ def _model_layers(f: Callable, leaves: list, who: str, paths: tuple) -> tuple[An
             f"them: {listed}. A dense layer here is `x @ W (+ b)` (or an einsum contracting some axes of W): W "
             f"(or its block of a lax.scan's stack) used only there, on inputs x of shape (N, *tokens, in) with "
             f"N = {n} the batch of the outputs, b of W's output shape used only to be added to that product. "
-            "Hold the other parameters fixed (pass only the dense ones and let model_fn close over the rest), "
-            "or use mg.ggn / mg.fisher (exact, matrix-free)."
+            "Hold the other parameters fixed (pass only the dense ones and let model_fn close over the rest; "
+            "for minigeo's ViT, minigeo.models.vit_dense_params splits them), or use mg.ggn / mg.fisher (exact, "
+            "matrix-free)."
         )
     return closed, layers
 

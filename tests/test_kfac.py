@@ -905,34 +905,13 @@ def test_factors_follow_a_global_the_likelihood_reads(dtype):
 from minigeo.models import vit as _vit  # noqa: E402
 
 _VIT = _vit.ViTConfig(image_size=8, patch_size=4, channels=3, num_classes=5, width=8, depth=2, heads=2, mlp_dim=12)
-_DENSE_BIAS_OWNERS = ("patch_embed", "fc1", "fc2", "head")
-
-
-def _is_dense(path):
-    keys = [k.key for k in path]
-    return keys[-1] in ("kernel", "W_q", "W_k", "W_v", "W_o", "b_q", "b_k", "b_v", "b_o") or (
-        keys[-1] == "bias" and keys[-2] in _DENSE_BIAS_OWNERS)
-
-
 def vit_net(seed=0, n=3, dtype=jnp.float64):
     """A tiny ViT split as a user would: the dense parameters (a flat dict by path) and the rest, held
     fixed by the model's closure (layer norms, class token, position embedding)."""
     params = _vit.init_vit(jax.random.PRNGKey(seed), _VIT, dtype)
     r = rng(seed + 1)  # nonzero biases and layer norms, so that every term of the truth is exercised
     params = jax.tree_util.tree_map(lambda x: x + jnp.asarray(0.2 * r.normal(size=x.shape), dtype), params)
-    flat = jax.tree_util.tree_flatten_with_path(params)[0]
-    dense_p = {tuple(k.key for k in p): x for p, x in flat if _is_dense(p)}
-    rest = {tuple(k.key for k in p): x for p, x in flat if not _is_dense(p)}
-
-    def merge(d):
-        out: dict = {}
-        for path, x in {**rest, **d}.items():
-            node = out
-            for k in path[:-1]:
-                node = node.setdefault(k, {})
-            node[path[-1]] = x
-        return out
-
+    dense_p, merge = _vit.vit_dense_params(params)
     X = jnp.asarray(r.normal(size=(n, 8, 8, 3)), dtype)
     return dense_p, merge, (lambda d, x: _vit.vit_apply(merge(d), x, _VIT)), X
 

@@ -766,3 +766,25 @@ def test_move_along_symmetries_keeps_the_function_and_the_pair_products(dtype):
         mm.vit_move_along_symmetries(params, A_qk, A_vo[..., :2, :2])
     with pytest.raises(mg.GeometryError, match="ln2_scale has shape"):
         mm.vit_move_along_symmetries(params, A_qk, A_vo, ln2_scale=d_final)
+
+
+def test_vit_dense_params_splits_the_matrix_products_from_the_rest_and_merges_back():
+    """The dense parameters are exactly the weights and biases of the matrix products (the patch
+    embedding, the per-head projections, the MLP, the head; listed here by hand); merge puts them back (the same tree, the same values), and a
+    changed dense parameter changes the model while the others stay as they were."""
+    params = mm.init_vit(jax.random.PRNGKey(3), TOY)
+    params = jax.tree_util.tree_map(lambda x: x + 0.1 * jnp.cos(jnp.arange(x.size).reshape(x.shape)), params)
+    dense, merge = mm.vit_dense_params(params)
+    attn = [("blocks", "attn", k) for k in ("W_q", "b_q", "W_k", "b_k", "W_v", "b_v", "W_o", "b_o")]
+    mlp = [("blocks", "mlp", f, k) for f in ("fc1", "fc2") for k in ("kernel", "bias")]
+    assert set(dense) == {("patch_embed", "kernel"), ("patch_embed", "bias"), *attn, *mlp,
+                          ("head", "kernel"), ("head", "bias")}
+    back = merge(dense)
+    assert jax.tree_util.tree_structure(back) == jax.tree_util.tree_structure(params)
+    for a, b in zip(jax.tree_util.tree_leaves(back), jax.tree_util.tree_leaves(params)):
+        assert a is b
+    changed = {**dense, ("head", "bias"): dense[("head", "bias")] + 1.0}
+    images = jax.random.normal(jax.random.PRNGKey(4), (2, TOY.image_size, TOY.image_size, TOY.channels))
+    np.testing.assert_allclose(mm.vit_apply(merge(changed), images, TOY), mm.vit_apply(params, images, TOY) + 1.0,
+                               rtol=1e-6, atol=1e-6)
+    assert merge(changed)["cls_token"] is params["cls_token"]

@@ -34,7 +34,7 @@ head and layer, which :func:`vit_symmetry_spec` names for :func:`minigeo.geodesi
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -50,6 +50,7 @@ __all__ = [
     "init_vit",
     "vit_apply",
     "vit_num_params",
+    "vit_dense_params",
     "vit_symmetry_spec",
     "vit_move_along_symmetries",
 ]
@@ -334,6 +335,72 @@ def _gelu_exact_jvp(primals, tangents):
     erfc = jax.lax.erfc(-u * np.sqrt(0.5).astype(u.dtype))
     pdf = jnp.exp(-0.5 * u * u) * np.sqrt(0.5 / np.pi).astype(u.dtype)
     return 0.5 * u * erfc, (0.5 * erfc + u * pdf) * du
+
+
+_DENSE_LEAVES = ("kernel", *_ATTENTION_KEYS)  # a weight or an attention bias
+_DENSE_BIAS_OWNERS = ("patch_embed", "fc1", "fc2", "head")  # whose "bias" belongs to a dense layer
+
+
+def vit_dense_params(params: PyTree) -> tuple[dict, Callable[[dict], PyTree]]:
+    r"""The dense layers' parameters of a ViT, and the function that puts them back among the others.
+
+    .. math:: 	heta = (	heta_{\mathrm{dense}}, 	heta_{\mathrm{rest}}),\qquad
+              \mathrm{merge}(	heta'_{\mathrm{dense}}) = (	heta'_{\mathrm{dense}}, 	heta_{\mathrm{rest}}).
+
+    The dense parameters are every weight and bias of a matrix product: the patch embedding, the
+    per-head query, key, value and output projections and their biases, the MLP and the head; the
+    rest are the layer norms, the class token and the position embedding.  This is the split that
+    :func:`minigeo.kfac` / :func:`minigeo.ekfac` need (they have Kronecker factors for dense layers
+    only): pass the dense parameters and let the model close over the rest, held fixed.
+
+    Parameters
+    ----------
+    params : dict
+        Parameters from :func:`~minigeo.models.init_vit` (or a checkpoint loader).
+
+    Returns
+    -------
+    dense : dict
+        ``{path: array}``, the path a tuple of the nested keys, e.g. ``("blocks", "attn", "W_q")``.
+    merge : callable
+        ``merge(dense)``: the full parameter dict with ``dense`` in place of the dense parameters and the
+        others as in ``params``.
+
+    Examples
+    --------
+    >>> import jax
+    >>> import minigeo as mg
+    >>> import minigeo.models as mm
+    >>> cfg = mm.ViTConfig(image_size=4, patch_size=2, channels=1, num_classes=3,
+    ...                    width=8, depth=1, heads=2, mlp_dim=8)
+    >>> dense, merge = mm.vit_dense_params(mm.init_vit(jax.random.PRNGKey(0), cfg))
+    >>> len(dense), ("blocks", "attn", "W_o") in dense, ("cls_token",) in dense
+    (16, True, False)
+    >>> images = jax.random.normal(jax.random.PRNGKey(1), (4, 4, 4, 1))
+    >>> K = mg.kfac(lambda d, x: mm.vit_apply(merge(d), x, cfg), "categorical", dense, batch=(images, None))
+    >>> len(mg.kronecker.kronecker_eigenbasis(K))  # patch embedding, q, k, v, o, fc1, fc2, head
+    8
+
+    References
+    ----------
+    Martens & Grosse (2015) (K-FAC's layers); Dosovitskiy et al. (2021) (the ViT). Chapter 7.
+    """
+    flat = {tuple(getattr(k, "key", k) for k in path): x for path, x in jax.tree_util.tree_flatten_with_path(params)[0]}
+    is_dense = lambda path: path[-1] in _DENSE_LEAVES or (  # noqa: E731
+        path[-1] == "bias" and len(path) > 1 and path[-2] in _DENSE_BIAS_OWNERS)
+    dense = {path: x for path, x in flat.items() if is_dense(path)}
+    rest = {path: x for path, x in flat.items() if not is_dense(path)}
+
+    def merge(d: dict) -> PyTree:
+        out: dict = {}
+        for path, x in {**rest, **d}.items():
+            node = out
+            for k in path[:-1]:
+                node = node.setdefault(k, {})
+            node[path[-1]] = x
+        return out
+
+    return dense, merge
 
 
 def patchify(images: jax.Array, patch_size: int) -> jax.Array:
