@@ -735,10 +735,23 @@ def _solution_function(assignment: Assignment, name: str):
     return fn if callable(fn) else None
 
 
+# FAIL messages that no random instance causes: the function is missing, unfinished, raised (a blocked
+# library function raises too), ran too long, or returned something unreadable, or the sandbox is gone
+_NOT_THE_INSTANCE = (
+    "not run:",
+    "not implemented yet",
+    "your function raised",
+    "defines no function",
+    "timed out",
+    "could not be read",
+)
+
+
 def _instance_may_be_to_blame(message: str) -> bool:
-    """Whether a FAIL is a wrong or non-finite number (which an unlucky random instance can cause),
-    not a missing, unfinished, crashing, blocked or slow function."""
-    return ("off by" in message or "NaN or inf" in message) and "not run:" not in message
+    """Whether a FAIL may be the random instance's doing (a wrong or non-finite number, a statistical
+    property such as an interval's width on an unlucky sample), so that the solution is asked about the
+    same instance; not a missing, unfinished, crashing, blocked or slow function."""
+    return message.startswith("FAIL") and not any(s in message for s in _NOT_THE_INSTANCE)
 
 
 def _ungradable(result: Result, reason: str, tasks: list[str]) -> Result:
@@ -794,7 +807,7 @@ def grade(
                         report = getattr(checks, check)(box.function(fn), time_limit=timeout)
                     if report.passed or not _instance_may_be_to_blame(report.message):
                         break
-                    # a wrong number: does the solution itself pass this random instance?  If not, the
+                    # a wrong answer: does the solution itself pass this random instance?  If not, the
                     # instance is to blame (an unlucky draw), and the task is checked on a new one
                     reference = _solution_function(assignment, fn)
                     if reference is None:

@@ -14,6 +14,7 @@ import importlib.util
 import re
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from pathlib import Path
 
@@ -705,3 +706,29 @@ def test_a_transcribing_submission_fails_a_task_of_every_assignment(capsys):
     )
     assert run.returncode == 0, run.stdout + run.stderr
     assert TRANSCRIPTIONS["assignment_04_hessian_endomorphism"][2] in run.stdout.splitlines()[-1], run.stdout
+
+
+def test_grader_asks_the_solution_about_an_instance_only_when_the_answer_failed_on_it():
+    """The redraw rule (an unlucky instance) applies to a failed answer, whatever the check measured,
+    and never to a function that is missing, unfinished, raising or too slow: the messages are the
+    checks' own."""
+    grade = _load_grade_module()
+
+    def unfinished(x, y):
+        raise NotImplementedError
+
+    def slow(x, y):
+        time.sleep(5)
+
+    reports = {
+        "wrong number": A.check_kendall_tau(lambda x, y: 0.5),
+        "wrong interval": A.check_kendall_tau_bootstrap(lambda x, y, key, n, c: (-1.0, 1.0)),
+        "unfinished": A.check_kendall_tau(unfinished),
+        "raised": A.check_kendall_tau(lambda x, y: 1 / 0),
+        "timed out": A.check_kendall_tau(slow, time_limit=0.5),
+    }
+    assert not any(r.passed for r in reports.values()), reports
+    blamed = {k: grade._instance_may_be_to_blame(r.message) for k, r in reports.items()}
+    assert blamed == {"wrong number": True, "wrong interval": True, "unfinished": False, "raised": False,
+                      "timed out": False}, {k: r.message for k, r in reports.items()}
+    assert not grade._instance_may_be_to_blame("FAIL kendall_tau: not run: the notebook process ended earlier")
