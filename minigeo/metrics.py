@@ -386,9 +386,10 @@ def _point(params: PyTree) -> PyTree:
     return params
 
 
-# ``work(params)`` traced afresh at every eager call (never a stale value of what the model reads) and
-# compiled once per traced program, the data passed as arguments (as the metrics' products are)
-_compiled = jit_per_callable(lambda work, params: work(params))
+# ``work(params, *data)``: a Derived rule over the user's functions, which an eager call traces afresh
+# (never a stale value of what they read); the rule is compiled once per traced program, the data
+# passed as arguments (as the metrics' products are)
+_compiled = jit_per_callable(lambda work, params, *data: work(params, *data))
 
 
 def _squares_of_rows(vjp: Callable, cotangents: PyTree, scale: Any) -> PyTree:
@@ -433,7 +434,7 @@ def _examples(
 
 
 def _squares_over_examples(
-    model_fn: Callable, inputs: Any, targets: Any, params: PyTree, rows: Callable, scale: Any
+    model_fn: Callable, rows: Callable, params: PyTree, inputs: Any, targets: Any, scale: Any
 ) -> PyTree:
     r"""``scale * sum_n sum_r (J_n^T w_{n,r})**2``: ``J_n`` the Jacobian of ``model_fn(params, x_n[None])``,
     the rows ``w_{n,r}`` = ``rows(z_n, t_n)`` (shape ``(R, 1, ...)``); one example per backward pass."""
@@ -449,15 +450,16 @@ def _squares_over_examples(
     return jax.tree_util.tree_map(lambda a: scale * jnp.sum(a, axis=0), per_example)
 
 
-def _fisher_factor(lik: Likelihood, z: jax.Array) -> jax.Array:
-    r"""``S``, ``(N, C, R)``, with :math:`F_{z_n} = S_n S_n^\top` (``C`` entries of one example's output)."""
+def _fisher_factor(fisher_mv: Callable, z: jax.Array, categorical: bool) -> jax.Array:
+    r"""``S``, ``(N, C, R)``, with :math:`F_{z_n} = S_n S_n^\top` (``C`` entries of one example's output);
+    ``categorical``: ``fisher_mv`` is minigeo's categorical one (then the factor in closed form)."""
     n, c = z.shape[0], int(np.prod(z.shape[1:]))
-    if lik.fisher_mv is _categorical_fisher_mv and z.ndim == 2:  # closed form, no eigensolver
+    if categorical and z.ndim == 2:  # closed form, no eigensolver
         p = jax.nn.softmax(z, axis=-1)
         s = jnp.sqrt(p)
         return jax.vmap(jnp.diag)(s) - p[:, :, None] * s[:, None, :]  # diag(sqrt p) - p sqrt(p)^T
     basis = jnp.eye(c, dtype=z.dtype)
-    cols = jax.vmap(lambda e: lik.fisher_mv(z, jnp.broadcast_to(e.reshape(z.shape[1:]), z.shape)))(basis)
+    cols = jax.vmap(lambda e: fisher_mv(z, jnp.broadcast_to(e.reshape(z.shape[1:]), z.shape)))(basis)
     blocks = jnp.moveaxis(cols.reshape(c, n, c), 0, -1)  # blocks[n, :, k] = F_n e_k
     lam, q = jnp.linalg.eigh(0.5 * (blocks + jnp.swapaxes(blocks, 1, 2)))
     return q * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]  # a PSD factor Q sqrt(Lambda)
@@ -518,7 +520,7 @@ def ggn_diagonal(
     """
     params = _point(params)
     f, loss = _on_batch(model_fn, loss_fn, batch, "ggn_diagonal")
-    return _compiled(lambda p: _ggn_diagonal(f, loss, p), params)
+    return _compiled(Derived(_ggn_diagonal, (f, loss)), params)
 
 
 def _ggn_diagonal(f: Callable, loss: Callable, params: PyTree) -> PyTree:
@@ -607,16 +609,19 @@ def fisher_diagonal(
     if examples is not None:
         inputs, targets, n = examples
         scale = _scale(reduction, n, "fisher_diagonal")
-        rows = lambda z, t: jnp.swapaxes(_fisher_factor(lik, z)[0], 0, 1).reshape((-1, *z.shape))
-        return _compiled(lambda p: _squares_over_examples(model_fn, inputs, targets, p, rows, scale), params)
-    return _compiled(lambda p: _fisher_diagonal(f, lik, reduction, p), params)
+        categorical = lik.fisher_mv is _categorical_fisher_mv
+        rows = lambda z, t: jnp.swapaxes(_fisher_factor(lik.fisher_mv, z, categorical)[0], 0, 1).reshape((-1, *z.shape))
+        return _compiled(Derived(_squares_over_examples, (model_fn, rows)), params, inputs, targets, scale)
+    rule = Derived(_fisher_diagonal, (f, lik.fisher_mv),
+                   {"categorical": lik.fisher_mv is _categorical_fisher_mv, "reduction": reduction})
+    return _compiled(rule, params)
 
 
-def _fisher_diagonal(f: Callable, lik: Likelihood, reduction: str, params: PyTree) -> PyTree:
+def _fisher_diagonal(f: Callable, fisher_mv: Callable, params: PyTree, *, categorical: bool, reduction: str) -> PyTree:
     z, vjp = jax.vjp(f, params)
     n = _batch_size(z, "fisher_diagonal")
     scale = _scale(reduction, n, "fisher_diagonal")
-    factor = _fisher_factor(lik, z)  # (N, C, R)
+    factor = _fisher_factor(fisher_mv, z, categorical)  # (N, C, R)
     cotangents = _per_example_cotangents(jnp.swapaxes(factor, 1, 2), z.shape)
     return _squares_of_rows(vjp, cotangents, scale)
 
@@ -690,11 +695,11 @@ def empirical_fisher_diagonal(
         _check_per_example_losses(loss, jax.eval_shape(f, params), n)
         scale = _scale(reduction, n, "empirical_fisher_diagonal")
         rows = lambda z, t: jax.grad(lambda zz: jnp.sum(per_example_loss_fn(zz, t)))(z)[None]
-        return _compiled(lambda p: _squares_over_examples(model_fn, inputs, targets, p, rows, scale), params)
-    return _compiled(lambda p: _empirical_fisher_diagonal(f, loss, reduction, p), params)
+        return _compiled(Derived(_squares_over_examples, (model_fn, rows)), params, inputs, targets, scale)
+    return _compiled(Derived(_empirical_fisher_diagonal, (f, loss), {"reduction": reduction}), params)
 
 
-def _empirical_fisher_diagonal(f: Callable, loss: Callable, reduction: str, params: PyTree) -> PyTree:
+def _empirical_fisher_diagonal(f: Callable, loss: Callable, params: PyTree, *, reduction: str) -> PyTree:
     z, vjp = jax.vjp(f, params)
     n = _batch_size(z, "empirical_fisher_diagonal")
     _check_per_example_losses(loss, z, n)

@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from helpers import compiles_during
 from jax.flatten_util import ravel_pytree
 
 import minigeo as mg
@@ -250,6 +251,49 @@ def test_never_stale_a_changed_global_is_read_at_the_next_call():
             assert not np.allclose(first, second)
     finally:
         WIDTH = 1.0
+
+
+LOSS_SCALE = 1.0  # a notebook-style global, read by the per-example loss
+
+
+def scaled_squared_error(z, t):
+    return LOSS_SCALE * per_example_squared_error(z, t)
+
+
+@pytest.mark.parametrize("per_example", [True, False])
+def test_second_call_on_new_data_compiles_nothing_and_reads_the_loss_global(per_example):
+    """The compiled diagonal is reused for new data of the same shapes (both paths: one example per
+    backward pass, and the whole batch when the model closes over its data); a global read by the
+    loss is read afresh: the empirical Fisher's diagonal scales with its square."""
+    global LOSS_SCALE
+    params, X, labels, targets = problem(jnp.float64)
+    X2, t2 = X[::-1] + 0.5, targets[::-1]
+
+    def calls(X, labels, targets):
+        if per_example:
+            return [
+                lambda: mg.metrics.ggn_diagonal(mlp, cross_entropy, params, batch=(X, labels)),
+                lambda: mg.metrics.fisher_diagonal(mlp, params, batch=(X, labels)),
+                lambda: mg.metrics.empirical_fisher_diagonal(mlp, scaled_squared_error, params, batch=(X, targets)),
+            ]
+        model = lambda p: mlp(p, X)  # noqa: E731
+        return [
+            lambda: mg.metrics.ggn_diagonal(model, lambda z: cross_entropy(z, labels), params),
+            lambda: mg.metrics.fisher_diagonal(model, params),
+            lambda: mg.metrics.empirical_fisher_diagonal(model, lambda z: scaled_squared_error(z, targets), params),
+        ]
+
+    try:
+        first = [flat(c()) for c in calls(X, labels, targets)]
+        for c, before in zip(calls(X2, labels, t2), first):
+            out, n = compiles_during(c)
+            assert n == 0
+            assert not np.allclose(flat(out), before)  # today's data, not the first call's
+        LOSS_SCALE = 2.0
+        scaled = flat(calls(X, labels, targets)[2]())
+        np.testing.assert_allclose(scaled, 4.0 * first[2], rtol=1e-12)
+    finally:
+        LOSS_SCALE = 1.0
 
 
 @pytest.mark.parametrize(
