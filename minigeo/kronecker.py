@@ -426,21 +426,12 @@ def _output_factor(lik: Likelihood, z: jax.Array, categorical: bool) -> jax.Arra
     return q * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]
 
 
-def _kronecker_pair(x: jax.Array, g: jax.Array, c: float, weight_sharing: str) -> tuple[jax.Array, jax.Array]:
-    r"""``(A, B)`` of one layer from its inputs ``x`` ``(N, T, in)`` and columns ``g`` ``(R, N, T, out)``.
-
-    :math:`A = \frac1M\sum_u \bar x_u\bar x_u^\top`, :math:`B = c\sum_{u,r} g_{u,r}g_{u,r}^\top` over
-    ``M`` units ``u``: ``"expand"``, every (example, token), :math:`M = NT`; ``"reduce"``, every example,
-    with the mean of its inputs and the sum of its columns (:math:`\sum_t \bar x_t g_t^\top \approx
-    \bar x\,(\sum_t g_t)^\top`), :math:`M = N`.  For a layer applied once per example (``T = 1``) both
-    are the same."""
-    x, g = _units(x, weight_sharing, jnp.mean), jax.vmap(lambda gr: _units(gr, weight_sharing, jnp.sum))(g)
-    return x.T @ x / x.shape[0], c * jnp.einsum("rno,rnp->op", g, g)
-
-
 def _units(v: jax.Array, weight_sharing: str, pool: Callable) -> jax.Array:
-    """``(N, T, k)`` to the ``(M, k)`` rows of the factor: every (example, token) for ``"expand"``, the
-    token axis pooled (``jnp.mean`` for inputs, ``jnp.sum`` for backpropagated columns) for ``"reduce"``."""
+    r"""``(N, T, k)`` to the ``(M, k)`` rows ``u`` of a factor, :math:`A = \frac1M\sum_u \bar x_u\bar x_u^\top`,
+    :math:`B = c\sum_{u,r} g_{u,r}g_{u,r}^\top`: ``"expand"``, every (example, token), :math:`M = NT`;
+    ``"reduce"``, every example, the token axis pooled (``jnp.mean`` for the inputs, ``jnp.sum`` for the
+    backpropagated columns: :math:`\sum_t \bar x_t g_t^\top \approx \bar x\,(\sum_t g_t)^\top`), :math:`M = N`.
+    For a layer applied once per example (``T = 1``) both are the same."""
     return v.reshape(-1, v.shape[-1]) if weight_sharing == "expand" else pool(v, axis=1)
 
 
