@@ -526,7 +526,9 @@ def _factor_rule(f: Callable, fisher_mv: Callable, sample: Callable, nll: Callab
                                    weight_sharing, kind)
 
 
-def _blocks(closed, layers, lik, leaves, key, categorical, reduction, mc_samples, weight_sharing, kind) -> list:
+def _blocks(closed: Any, layers: list[_Layer], lik: Likelihood, leaves: list, key: Any, categorical: bool,
+            reduction: str, mc_samples: int | None, weight_sharing: str, kind: str) -> list[tuple]:
+    """The blocks of :func:`_factor_rule` from the model's flat program and its layers."""
     xs, backward, columns, c = _statistics(closed, layers, lik, reduction, mc_samples, key, leaves, categorical)
 
     # B = c sum_r g_r^T g_r, accumulated one column at a time: no (R, N, T, out) array is formed
