@@ -377,8 +377,9 @@ def vit_dense_params(params: PyTree) -> tuple[dict, Callable[[dict], PyTree]]:
     >>> len(dense), ("blocks", "attn", "W_o") in dense, ("cls_token",) in dense
     (16, True, False)
     >>> images = jax.random.normal(jax.random.PRNGKey(1), (4, 4, 4, 1))
-    >>> K = mg.kfac(lambda d, x: mm.vit_apply(merge(d), x, cfg), "categorical", dense, batch=(images, None))
-    >>> len(mg.kronecker.kronecker_eigenbasis(K))  # patch embedding, q, k, v, o, fc1, fc2, head
+    >>> model = lambda d, x: mm.vit_apply(merge(d), x, cfg)
+    >>> K = mg.kfac(model, "categorical", dense, batch=(images, None))
+    >>> len(mg.kronecker.kronecker_eigenbasis(K))  # patch, q, k, v, o, fc1, fc2, head
     8
 
     References
