@@ -14,7 +14,14 @@ import numpy as np
 
 from ._checks import GeometryError
 
-__all__ = ["Likelihood", "as_likelihood", "categorical_likelihood", "gaussian_likelihood"]
+__all__ = [
+    "Likelihood",
+    "as_likelihood",
+    "categorical_likelihood",
+    "fisher_factor",
+    "gaussian_likelihood",
+    "is_categorical",
+]
 
 
 class Likelihood(NamedTuple):
@@ -145,6 +152,28 @@ def gaussian_likelihood(sigma: float = 1.0) -> Likelihood:
         return 0.5 * sq / sigma**2 + 0.5 * k * jnp.log(2 * jnp.pi * sigma**2)
 
     return Likelihood("gaussian", fisher_mv, sample, nll)
+
+
+def is_categorical(lik: Likelihood) -> bool:
+    """Whether ``lik`` is minigeo's categorical likelihood (whose Fisher factor has a closed form)."""
+    return lik.fisher_mv is _categorical_fisher_mv
+
+
+def fisher_factor(fisher_mv: Callable, z: jax.Array, categorical: bool) -> jax.Array:
+    r"""``S``, ``(N, C, R)``, with :math:`F_{z_n} = S_n S_n^\top` (``C`` entries of one example's output);
+    ``categorical``: ``fisher_mv`` is minigeo's categorical one (:func:`is_categorical`; then the factor
+    in closed form).  A flag, not an identity test here: inside a compiled rule ``fisher_mv`` is a stand-in
+    for the user's function."""
+    n, c = z.shape[0], int(np.prod(z.shape[1:]))
+    if categorical and z.ndim == 2:  # closed form, no eigensolver
+        p = jax.nn.softmax(z, axis=-1)
+        s = jnp.sqrt(p)
+        return jax.vmap(jnp.diag)(s) - p[:, :, None] * s[:, None, :]  # diag(sqrt p) - p sqrt(p)^T
+    basis = jnp.eye(c, dtype=z.dtype)
+    cols = jax.vmap(lambda e: fisher_mv(z, jnp.broadcast_to(e.reshape(z.shape[1:]), z.shape)))(basis)
+    blocks = jnp.moveaxis(cols.reshape(c, n, c), 0, -1)  # blocks[n, :, k] = F_n e_k
+    lam, q = jnp.linalg.eigh(0.5 * (blocks + jnp.swapaxes(blocks, 1, 2)))
+    return q * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]  # a PSD factor Q sqrt(Lambda)
 
 
 def as_likelihood(likelihood: Union[str, Likelihood], who: str) -> Likelihood:

@@ -69,7 +69,7 @@ from jax.extend.core import Literal
 
 from ._checks import GeometryError, as_float_point, check_finite, check_key, split_batch
 from ._compile import Derived, jit_per_callable
-from ._likelihood import Likelihood, as_likelihood, categorical_likelihood
+from ._likelihood import Likelihood, as_likelihood, fisher_factor, is_categorical
 from ._status import Status
 from ._tree import PyTree
 from .metrics import Metric
@@ -409,23 +409,6 @@ def _run(closed: Any, leaves: list, probes: list, layers: list[_Layer]) -> tuple
 # ---------------------------------------------------------------------------
 # the statistics: layer inputs and backpropagated output-side factors
 # ---------------------------------------------------------------------------
-_CATEGORICAL_FISHER_MV = categorical_likelihood().fisher_mv
-
-
-def _output_factor(lik: Likelihood, z: jax.Array, categorical: bool) -> jax.Array:
-    r"""``S``, ``(N, C, R)``, with :math:`F_{z_n} = S_n S_n^\top` (the exact output-space Fisher);
-    ``categorical``: the likelihood is minigeo's categorical one (its factor in closed form)."""
-    n, c = z.shape
-    if categorical:  # diag(p) - p p^T = S S^T, S = diag(sqrt p) - p sqrt(p)^T
-        p = jax.nn.softmax(z, axis=-1)
-        s = jnp.sqrt(p)
-        return jax.vmap(jnp.diag)(s) - p[:, :, None] * s[:, None, :]
-    cols = jax.vmap(lambda e: lik.fisher_mv(z, jnp.broadcast_to(e, z.shape)))(jnp.eye(c, dtype=z.dtype))
-    blocks = jnp.moveaxis(cols, 0, -1)  # blocks[n, :, k] = F_n e_k
-    lam, q = jnp.linalg.eigh(0.5 * (blocks + jnp.swapaxes(blocks, 1, 2)))
-    return q * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]
-
-
 def _units(v: jax.Array, weight_sharing: str, pool: Callable) -> jax.Array:
     r"""``(N, T, k)`` to the ``(M, k)`` rows ``u`` of a factor, :math:`A = \frac1M\sum_u \bar x_u\bar x_u^\top`,
     :math:`B = c\sum_{u,r} g_{u,r}g_{u,r}^\top`: ``"expand"``, every (example, token), :math:`M = NT`;
@@ -475,7 +458,7 @@ def _statistics(closed: Any, layers: list[_Layer], lik: Likelihood, reduction: s
     n = z.shape[0]
     z0 = jax.lax.stop_gradient(z)
     if mc_samples is None:
-        columns = jnp.moveaxis(_output_factor(lik, z0, categorical), -1, 0)  # (R, N, C)
+        columns = jnp.moveaxis(fisher_factor(lik.fisher_mv, z0, categorical), -1, 0)  # (R, N, C)
     else:
         targets = jax.vmap(lambda k: lik.sample(k, z0))(jax.random.split(key, mc_samples))
         scores = jax.vmap(lambda t: jax.grad(lambda zz: jnp.sum(lik.nll(zz, t)))(z0))(targets)  # (S, N, C)
@@ -806,7 +789,7 @@ def _factors(model_fn, likelihood, params, batch, reduction, mc_samples, key, we
     lik, params, leaves, treedef, paths, f = _prepare(
         model_fn, likelihood, params, batch, reduction, mc_samples, key, who
     )
-    static = dict(name=lik.name, categorical=lik.fisher_mv is _CATEGORICAL_FISHER_MV, reduction=reduction,
+    static = dict(name=lik.name, categorical=is_categorical(lik), reduction=reduction,
                   mc_samples=mc_samples, weight_sharing=weight_sharing, kind=kind, who=who, paths=tuple(paths))
     work = Derived(_factor_rule, (f, lik.fisher_mv, lik.sample, lik.nll), static)
     found, blocks = _compiled(work, leaves, key if mc_samples is not None else None)

@@ -41,7 +41,14 @@ import numpy as np
 
 from ._checks import GeometryError, as_float_point, check_finite, split_batch
 from ._compile import Derived, jit_per_callable
-from ._likelihood import Likelihood, _categorical_fisher_mv, as_likelihood, categorical_likelihood, gaussian_likelihood
+from ._likelihood import (
+    Likelihood,
+    as_likelihood,
+    categorical_likelihood,
+    fisher_factor,
+    gaussian_likelihood,
+    is_categorical,
+)
 from ._metric import Metric, as_metric, dense, diagonal, euclidean, metric_field
 from ._tree import PyTree, ravel
 
@@ -450,21 +457,6 @@ def _squares_over_examples(
     return jax.tree_util.tree_map(lambda a: scale * jnp.sum(a, axis=0), per_example)
 
 
-def _fisher_factor(fisher_mv: Callable, z: jax.Array, categorical: bool) -> jax.Array:
-    r"""``S``, ``(N, C, R)``, with :math:`F_{z_n} = S_n S_n^\top` (``C`` entries of one example's output);
-    ``categorical``: ``fisher_mv`` is minigeo's categorical one (then the factor in closed form)."""
-    n, c = z.shape[0], int(np.prod(z.shape[1:]))
-    if categorical and z.ndim == 2:  # closed form, no eigensolver
-        p = jax.nn.softmax(z, axis=-1)
-        s = jnp.sqrt(p)
-        return jax.vmap(jnp.diag)(s) - p[:, :, None] * s[:, None, :]  # diag(sqrt p) - p sqrt(p)^T
-    basis = jnp.eye(c, dtype=z.dtype)
-    cols = jax.vmap(lambda e: fisher_mv(z, jnp.broadcast_to(e.reshape(z.shape[1:]), z.shape)))(basis)
-    blocks = jnp.moveaxis(cols.reshape(c, n, c), 0, -1)  # blocks[n, :, k] = F_n e_k
-    lam, q = jnp.linalg.eigh(0.5 * (blocks + jnp.swapaxes(blocks, 1, 2)))
-    return q * jnp.sqrt(jnp.maximum(lam, 0.0))[:, None, :]  # a PSD factor Q sqrt(Lambda)
-
-
 def ggn_diagonal(
     model_fn: Callable[..., PyTree], loss_fn: Callable[..., jax.Array], params: PyTree, *, batch: Any = None
 ) -> PyTree:
@@ -609,11 +601,11 @@ def fisher_diagonal(
     if examples is not None:
         inputs, targets, n = examples
         scale = _scale(reduction, n, "fisher_diagonal")
-        categorical = lik.fisher_mv is _categorical_fisher_mv
-        rows = lambda z, t: jnp.swapaxes(_fisher_factor(lik.fisher_mv, z, categorical)[0], 0, 1).reshape((-1, *z.shape))
+        categorical = is_categorical(lik)
+        rows = lambda z, t: jnp.swapaxes(fisher_factor(lik.fisher_mv, z, categorical)[0], 0, 1).reshape((-1, *z.shape))
         return _compiled(Derived(_squares_over_examples, (model_fn, rows)), params, inputs, targets, scale)
     rule = Derived(_fisher_diagonal, (f, lik.fisher_mv),
-                   {"categorical": lik.fisher_mv is _categorical_fisher_mv, "reduction": reduction})
+                   {"categorical": is_categorical(lik), "reduction": reduction})
     return _compiled(rule, params)
 
 
@@ -621,7 +613,7 @@ def _fisher_diagonal(f: Callable, fisher_mv: Callable, params: PyTree, *, catego
     z, vjp = jax.vjp(f, params)
     n = _batch_size(z, "fisher_diagonal")
     scale = _scale(reduction, n, "fisher_diagonal")
-    factor = _fisher_factor(fisher_mv, z, categorical)  # (N, C, R)
+    factor = fisher_factor(fisher_mv, z, categorical)  # (N, C, R)
     cotangents = _per_example_cotangents(jnp.swapaxes(factor, 1, 2), z.shape)
     return _squares_of_rows(vjp, cotangents, scale)
 
