@@ -61,7 +61,7 @@ import jax
 import numpy as np
 from jax.extend import core as jcore
 
-__all__ = ["Derived", "jit_per_callable", "one_trace_per_call"]
+__all__ = ["Derived", "cache_size", "compiled", "jit_per_callable", "one_trace_per_call", "run_work"]
 
 _CACHE_SIZE = 16  # compiled programs kept per wrapped function (least recently used dropped)
 
@@ -300,12 +300,25 @@ def one_trace_per_call() -> Iterator[None]:
         _PINNED.reset(token)
 
 
-def _signature(fn: Any, flat: list, in_tree: Any, static: dict) -> Any:
+def _signature(flat: list, in_tree: Any, static: dict) -> Any:
     avals = tuple(
         (np.shape(x), getattr(x, "dtype", type(x)), getattr(x, "weak_type", isinstance(x, (int, float, complex))))
         for x in flat
     )
-    return (id(fn), in_tree, avals, tuple(sorted(static.items(), key=lambda kv: kv[0])))
+    return (in_tree, avals, tuple(sorted(static.items(), key=lambda kv: kv[0])))
+
+
+def _identity(fn: Any) -> tuple[tuple, list]:
+    """``(key, parts)``: what makes two calls' ``fn`` the same function, for :func:`one_trace_per_call`.
+
+    A :class:`Derived` is built afresh at each call of the boundary, so it is the same when its rule,
+    its users and its static values are the same objects; anything else is the same object.  The
+    key holds ids only; ``parts`` are the objects, compared by identity on a hit (ids can be reused).
+    """
+    if isinstance(fn, Derived):
+        parts = [fn.rule, *fn.users, *fn.static.values()]
+        return ("D", tuple(sorted(fn.static)), tuple(map(id, parts))), parts
+    return ("f", id(fn)), [fn]
 
 
 # ---------------------------------------------------------------------------
@@ -525,11 +538,21 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
     programs are the same (see the module docstring).  Called with traced arguments, or on a
     function that cannot be traced (Python control flow on values), ``impl`` runs inline / op by op.
     """
-    cache: OrderedDict = OrderedDict()  # program key -> (jitted runner, objects the key names by id)
+    # one least-recently-used table per rule (a Derived's rule, else the wrapped impl): program key ->
+    # (jitted runner, objects the key names by id); the rules sharing the boundary do not evict each other
+    caches: dict = {}
     plans: dict = {}  # call signature -> the user calls of the work's last trace (or None: whole-trace path)
     lock = threading.Lock()
 
-    def compiled_runner(program: _Program) -> Callable:
+    def table(fn: Any) -> OrderedDict:
+        group = fn.rule if isinstance(fn, Derived) else None
+        found = caches.get(group)
+        if found is None:
+            found = caches[group] = OrderedDict()
+        return found
+
+    def compiled_runner(fn: Any, program: _Program) -> Callable:
+        cache = table(fn)
         with lock:
             entry = cache.get(program.key)
             if entry is not None:
@@ -546,9 +569,10 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
         signature = None
         program = runner = None
         if pinned is not None:
-            signature = (impl, _signature(fn, flat, in_tree, static))
+            ident, parts = _identity(fn)
+            signature = (impl, ident, _signature(flat, in_tree, static))
             hit = pinned.get(signature)
-            if hit is not None and hit[0] is fn:
+            if hit is not None and all(a is b for a, b in zip(hit[0], parts)):
                 _, program, runner = hit
         if program is None:
             try:
@@ -557,15 +581,16 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
                 return impl(fn, *args, **kwargs, **static)  # not traceable as a whole: op by op
             if _is_tracing(program.consts):  # fn closes over an outer transformation's tracers
                 return impl(fn, *args, **kwargs, **static)
-            runner = compiled_runner(program)
+            runner = compiled_runner(fn, program)
             if pinned is not None:
-                pinned[signature] = (fn, program, runner)
+                pinned[signature] = (parts, program, runner)
         out = runner(program.consts, flat)
         return jax.tree_util.tree_unflatten(program.out_tree, out)
 
     def derived(fn: Any, static: dict, flat: list, in_tree: Any) -> Any:
         """The fast path: trace the user's callables only; derive the work on a miss."""
         users, rebuild, structure = _split_users(fn)
+        cache = table(fn)
         if _aux_holds_callables(in_tree):
             raise _Unsupported
         signature = (in_tree, tuple(_aval_key(x) for x in flat), tuple(sorted(static.items())), structure)
@@ -628,11 +653,41 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
             return impl(fn, *args, **kwargs, **static)  # not traceable: op by op
         return whole_trace(fn, args, kwargs, static, flat, in_tree)
 
-    def cache_size() -> int:  # for tests
-        return len(cache)
+    def cache_size(rule: Any = None) -> int:  # for tests: programs kept, for one rule or in all
+        if rule is not None:
+            return len(caches.get(rule, ()))
+        return sum(map(len, caches.values()))
 
     call.cache_size = cache_size  # type: ignore[attr-defined]
     return call
+
+
+def run_work(work: Any, *args: Any) -> Any:
+    """``work(*args)``: the rule of a call whose work is already a :class:`Derived` (``compiled(run_work, work, ...)``)."""
+    return work(*args)
+
+
+# the one compile boundary of minigeo: every module reaches the compiler through :func:`compiled`
+_BOUNDARY = jit_per_callable(run_work)
+
+
+def compiled(rule: Callable[..., Any], fn: Any, *args: Any, **static: Any) -> Any:
+    """``rule(fn, *args, **static)``, traced per call and compiled once per program: minigeo's one compile boundary.
+
+    ``rule`` is minigeo's own module-level code (a Hessian-vector product, a CG solve, a Lanczos
+    run); ``fn`` is the user's callable, a tuple of them, a :class:`Derived` rule over them or
+    ``None``; ``args`` are pytrees of arrays; ``static`` are hashable options (sizes, tolerances,
+    names) that select the program.  The call is ``Derived(rule, (fn,), static)`` through
+    :func:`jit_per_callable`: an eager call traces only the user's callables and reuses the
+    compiled work when their programs are the ones compiled before (module docstring); under an
+    outer transformation the rule runs inline.  Each rule keeps its own compiled programs.
+    """
+    return _BOUNDARY(Derived(rule, (fn,), static), *args)
+
+
+def cache_size(rule: Callable[..., Any] | None = None) -> int:
+    """The number of compiled programs the boundary keeps for ``rule`` (all rules: ``None``); for tests."""
+    return _BOUNDARY.cache_size(rule)
 
 
 def bind_batch(fn: Callable[..., Any], batch: Any) -> Callable[..., Any]:

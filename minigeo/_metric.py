@@ -11,6 +11,7 @@ on it, the floors above solve with it); re-exported by :mod:`minigeo.metrics` an
 from __future__ import annotations
 
 from dataclasses import dataclass
+import functools
 from typing import Any, Callable, Union
 
 import jax
@@ -29,7 +30,7 @@ from ._checks import (
     is_matrix,
     symmetry_rtol,
 )
-from ._compile import jit_per_callable
+from ._compile import compiled
 from ._linalg import (
     SolveInfo,
     _is_zero,
@@ -529,10 +530,16 @@ def _factored_solve(metric: Metric, params: PyTree, rhs: PyTree, return_info: bo
     return x, info
 
 
-_compiled_mv = jit_per_callable(lambda mv_fn, params, v: mv_fn(params, v))
-_compiled_damped_mv = jit_per_callable(
-    lambda mv_fn, params, v, damping: add_damping(lambda u: mv_fn(params, u), damping)(v)
-)
+def _mv(mv_fn: Any, params: PyTree, v: PyTree) -> PyTree:
+    return mv_fn(params, v)
+
+
+def _damped_mv(mv_fn: Any, params: PyTree, v: PyTree, damping: Any) -> PyTree:
+    return add_damping(lambda u: mv_fn(params, u), damping)(v)
+
+
+_compiled_mv = functools.partial(compiled, _mv)
+_compiled_damped_mv = functools.partial(compiled, _damped_mv)
 
 
 
@@ -541,7 +548,7 @@ def _cg(mv_fn: Any, params: PyTree, rhs: PyTree, damping: Any, *, tol: float, ma
     return solve_spd_cg(add_damping(lambda u: mv_fn(params, u), damping), rhs, tol=tol, maxiter=maxiter, return_info=True)
 
 
-_compiled_cg = jit_per_callable(_cg, static_argnames=("tol", "maxiter"))
+_compiled_cg = functools.partial(compiled, _cg)
 
 
 def _dense_matrix(metric: Metric, params: PyTree) -> jax.Array:
@@ -559,7 +566,7 @@ def _dense_impl(mv_fn: Any, params: PyTree, damping: Any) -> jax.Array:
     return jax.vmap(lambda e: ravel(op(unravel(e)))[0])(basis).T
 
 
-_compiled_dense = jit_per_callable(_dense_impl)
+_compiled_dense = functools.partial(compiled, _dense_impl)
 
 
 # ---------------------------------------------------------------------------

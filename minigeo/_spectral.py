@@ -28,7 +28,7 @@ import jax.scipy.linalg as jsl
 import numpy as np
 
 from ._checks import GeometryError, check_finite, check_key, is_concrete
-from ._compile import jit_per_callable
+from ._compile import compiled
 from ._eigen import (
     ResumableBlockLanczos,
     block_lanczos,
@@ -186,7 +186,7 @@ def _duals(metric_fns: Any, params: PyTree, damping: Any, probes: PyTree, *, nam
     return jax.lax.map(lambda z: solve_or_nan(metric, params, z, tol, maxiter), probes)
 
 
-_compiled_duals = jit_per_callable(_duals, static_argnames=("name", "tol", "maxiter"))
+_compiled_duals = functools.partial(compiled, _duals)
 
 
 def probe_terms(mv: Callable[[PyTree], PyTree], probes: PyTree, duals: PyTree, batched: str) -> jax.Array:
@@ -360,7 +360,7 @@ def _block_solves(metric_fns: Any, params: PyTree, damping: Any, V: jax.Array, *
     return jax.vmap(one)(V)
 
 
-_compiled_block_solves = jit_per_callable(_block_solves, static_argnames=("name", "tol", "maxiter"))
+_compiled_block_solves = functools.partial(compiled, _block_solves)
 
 
 def fixed_block_lanczos(
@@ -571,7 +571,7 @@ def _slq_probes(
     return jax.vmap(one)(probes)
 
 
-_compiled_slq_probes = jit_per_callable(_slq_probes, static_argnames=("num_probes", "dim", "m", "dtype"))
+_compiled_slq_probes = functools.partial(compiled, _slq_probes)
 
 
 def slq_logdet(

@@ -18,6 +18,7 @@ products.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable
 
 import jax
@@ -36,7 +37,7 @@ from ._checks import (
     is_concrete,
     symmetry_rtol,
 )
-from ._compile import bind_batch, jit_per_callable, one_trace_per_call
+from ._compile import bind_batch, compiled, one_trace_per_call
 from ._spectral import (
     Eigenpairs,
     EstimateInfo,
@@ -127,7 +128,7 @@ def _hvp(f: Callable[[PyTree], jax.Array], params: PyTree, v: PyTree) -> PyTree:
     return jax.jvp(jax.grad(f), (params,), (v,))[1]
 
 
-_compiled_hvp = jit_per_callable(_hvp)
+_compiled_hvp = functools.partial(compiled, _hvp)
 
 
 def hessian(
@@ -189,7 +190,7 @@ def _dense_hessian(f: Callable[[PyTree], jax.Array], params: PyTree) -> jax.Arra
 
 # traced at every call (never stale), compiled once per traced program: run op by op, an eager
 # jax.hessian compiles each of its small operations separately (seconds on first use)
-_compiled_dense_hessian = jit_per_callable(_dense_hessian)
+_compiled_dense_hessian = functools.partial(compiled, _dense_hessian)
 
 
 def _metric_at(metric: Metric | None, x: jax.Array) -> jax.Array:
@@ -286,8 +287,8 @@ def _riemannian_hessian(fns: tuple, x: jax.Array) -> tuple[jax.Array, ...]:
     return H - jnp.einsum("kij,k->ij", Gamma, jax.grad(f)(x)), H, G
 
 
-_compiled_christoffel = jit_per_callable(_christoffel)
-_compiled_riemannian_hessian = jit_per_callable(_riemannian_hessian)
+_compiled_christoffel = functools.partial(compiled, _christoffel)
+_compiled_riemannian_hessian = functools.partial(compiled, _riemannian_hessian)
 
 
 def riemannian_hessian(f: Callable[[jax.Array], jax.Array], metric: Metric | jax.Array | None, x: jax.Array) -> jax.Array:
@@ -1064,11 +1065,9 @@ def _fixed_run(
     )
 
 
-_compiled_probe_terms = jit_per_callable(_probe_terms, static_argnames=("batched",))
-_compiled_flat_block_hvp = jit_per_callable(_flat_block_hvp)
-_compiled_fixed_run = jit_per_callable(
-    _fixed_run, static_argnames=("name", "m", "tol", "maxiter", "basis", "restart", "negate")
-)
+_compiled_probe_terms = functools.partial(compiled, _probe_terms)
+_compiled_flat_block_hvp = functools.partial(compiled, _flat_block_hvp)
+_compiled_fixed_run = functools.partial(compiled, _fixed_run)
 
 
 def _point_products(f: Callable[[PyTree], jax.Array], params: PyTree) -> Products:

@@ -60,6 +60,7 @@ column of :math:`S`.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, NamedTuple, Union
 
 import jax
@@ -68,7 +69,7 @@ import numpy as np
 from jax.extend.core import Literal
 
 from ._checks import GeometryError, as_float_point, check_finite, check_key, split_batch
-from ._compile import Derived, jit_per_callable
+from ._compile import Derived, compiled, run_work
 from ._likelihood import Likelihood, as_likelihood, fisher_factor, is_categorical
 from ._status import Status
 from ._tree import PyTree
@@ -541,7 +542,7 @@ def _blocks(closed: Any, layers: list[_Layer], lik: Likelihood, leaves: list, ke
     return [(finish(acc, c), QA, QB) for acc, (_, _, finish), (_, QA, _, QB) in zip(accs, steps, eig)]
 
 
-_compiled = jit_per_callable(lambda work, leaves, key: work(leaves, key))
+_compiled = functools.partial(compiled, run_work)
 
 
 def _prepare(model_fn: Callable, likelihood: Any, params: PyTree, batch: Any, reduction: str,

@@ -33,6 +33,7 @@ batch size (matching a mean loss), ``"sum"`` does not.
 
 from __future__ import annotations
 
+import functools
 from typing import Any, Callable, Union
 
 import jax
@@ -40,7 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ._checks import GeometryError, as_float_point, check_finite, split_batch
-from ._compile import Derived, jit_per_callable
+from ._compile import Derived, compiled, run_work
 from ._likelihood import (
     Likelihood,
     as_likelihood,
@@ -396,7 +397,7 @@ def _point(params: PyTree) -> PyTree:
 # ``work(params, *data)``: a Derived rule over the user's functions, which an eager call traces afresh
 # (never a stale value of what they read); the rule is compiled once per traced program, the data
 # passed as arguments (as the metrics' products are)
-_compiled = jit_per_callable(lambda work, params, *data: work(params, *data))
+_compiled = functools.partial(compiled, run_work)
 
 
 def _squares_of_rows(vjp: Callable, cotangents: PyTree, scale: Any) -> PyTree:

@@ -35,7 +35,7 @@ from ._checks import (
     check_working_precision,
 )
 from ._batches import Batch, Batches, batches_of
-from ._compile import jit_per_callable, one_trace_per_call
+from ._compile import compiled, one_trace_per_call
 from ._linalg import check_damping
 from ._restrict import restriction
 from ._spectral import (
@@ -1037,11 +1037,17 @@ def _terms_impl(batch_mv: Callable, params, probes, duals, batch, *, batched: An
 
 
 # traced at every call (once per batch shape inside one method call), compiled once per program
-_batch_product = jit_per_callable(lambda batch_mv, params, v, batch: batch_mv(params, v, batch))
-_batch_terms = jit_per_callable(_terms_impl, static_argnames=("batched",))
-_batch_block_product = jit_per_callable(
-    lambda batch_mv, params, V, batch: jax.vmap(batch_mv, in_axes=(None, 0, None))(params, V, batch)
-)
+def _product_impl(batch_mv: Callable, params, v, batch):
+    return batch_mv(params, v, batch)
+
+
+def _block_product_impl(batch_mv: Callable, params, V, batch):
+    return jax.vmap(batch_mv, in_axes=(None, 0, None))(params, V, batch)
+
+
+_batch_product = functools.partial(compiled, _product_impl)
+_batch_terms = functools.partial(compiled, _terms_impl)
+_batch_block_product = functools.partial(compiled, _block_product_impl)
 
 
 def hessian_operator(

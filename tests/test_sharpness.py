@@ -642,16 +642,17 @@ def test_default_ascent_reaches_the_exact_maximum_on_diagonal_nets_float32():
 def test_restarts_compile_once_and_work_under_jit_and_vmap():
     """n_restarts is static: repeated eager calls with the default reuse one compilation; the early-stopping
     while loop traces under jit and vmap; n_restarts=0 keeps the single run; bad values are rejected."""
-    from minigeo.sharpness import _search_batches
+    from minigeo._compile import cache_size
+    from minigeo.sharpness._drivers import _search_batches_impl
 
     params, loss, batches = diagonal_net_problem()
     spec = mg.symmetry_spec(params, gl1_pairs=[(("u",), ("v",))])
     call = lambda p, k: mg.geodesic_sharpness(loss, p, batches, spec, 0.1, key=k).sharpness
     first = call(params, jax.random.PRNGKey(0))
-    size = _search_batches.cache_size()
+    size = cache_size(_search_batches_impl)
     for k in range(1, 3):
         call(jax.tree_util.tree_map(lambda x: x * (1 + 0.01 * k), params), jax.random.PRNGKey(k))
-    assert _search_batches.cache_size() == size
+    assert cache_size(_search_batches_impl) == size
     keys = jax.random.split(jax.random.PRNGKey(0), 2)
     vm = jax.vmap(lambda k: call(params, k))(keys)
     jt = jax.jit(call)(params, keys[0])
@@ -879,7 +880,9 @@ def test_antipodal_restarts_find_the_larger_of_two_maxima():
 def test_no_recompilation_on_repeated_eager_calls():
     """A second eager call with same-shaped inputs (other values, other key) compiles nothing new, for
     adaptive and geodesic sharpness alike."""
-    from minigeo.sharpness import _factorize, _search_batches
+    from minigeo._compile import cache_size
+    from minigeo.sharpness import _factorize
+
 
     params, loss, batches = attention_problem()
     spec = mg.symmetry_spec(params, [(("G",), ("H",))])
@@ -889,10 +892,10 @@ def test_no_recompilation_on_repeated_eager_calls():
     ]
     for call in calls:
         call(params, jax.random.PRNGKey(0))
-        sizes = _search_batches.cache_size(), _factorize._cache_size()
+        sizes = cache_size(), _factorize._cache_size()
         again = call(jax.tree_util.tree_map(lambda x: 1.01 * x, params), jax.random.PRNGKey(1))
         assert bool(again.ok)
-        assert (_search_batches.cache_size(), _factorize._cache_size()) == sizes
+        assert (cache_size(), _factorize._cache_size()) == sizes
 
 
 def _straight_line_truth(G, H, CG, CH, rho):

@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .._compile import jit_per_callable
+from .._compile import compiled, run_work
 from ..metrics import empirical_fisher, fisher, ggn
 from ..natgrad import natural_gradient
 from ._kit import CheckReport, _close, _close_or_name, _Fail, _run, _rng
@@ -18,7 +19,7 @@ from ._kit import CheckReport, _close, _close_or_name, _Fail, _run, _rng
 # Hessians, the known mistakes) is computed by one compiled program per check and network shape,
 # reused when the check runs again (the score cell): a correct answer checks in a few seconds.
 
-_reference = jit_per_callable(lambda work, x: work(x))
+_reference = functools.partial(compiled, run_work)
 
 
 def _normal(rng: np.random.Generator, *shape: int) -> jax.Array:

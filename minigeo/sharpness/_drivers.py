@@ -18,7 +18,7 @@ import numpy as np
 
 from .._batches import Batches
 from .._checks import GeometryError, as_float_point, check_finite, check_key, check_same_structure, is_concrete
-from .._compile import jit_per_callable
+from .._compile import compiled
 from .._pairs import _eps_that_works
 from .._tree import PyTree
 from ._ascent import N_RESTARTS, _auto_pgd
@@ -210,9 +210,7 @@ def _search_batches_impl(
 
 
 # traced at every call (never stale in what loss_fn reads), compiled once per traced program
-_search_batches = jit_per_callable(
-    _search_batches_impl, static_argnames=("geometry", "n_iter", "momentum", "keep", "n_restarts")
-)
+_search_batches = functools.partial(compiled, _search_batches_impl)
 
 
 def _status(pairs_ok: jax.Array, finite: jax.Array, rho_ok: jax.Array = True) -> jax.Array:
@@ -321,7 +319,7 @@ def _average_case_impl(loss_fn, params, batches, rho, keys, *, n_samples: int, f
     return jax.lax.map(one_batch, (keys, batches))
 
 
-_average_case = jit_per_callable(_average_case_impl, static_argnames=("n_samples", "fixed"))
+_average_case = functools.partial(compiled, _average_case_impl)
 
 
 def adaptive_sharpness(
