@@ -224,7 +224,7 @@ def hutchinson_trace(
     elif metric.diagonal_fn is not None:
         duals = apply_inverse(probes)  # elementwise: the weights broadcast over the stacked probes
     else:
-        run = _compiled_duals if _compilable(metric) and is_concrete(params, key) else _duals
+        run = _compiled_duals if _compilable(metric) else _duals  # the boundary runs inline under a trace
         fns, damping, name = split_metric(metric)
         duals, statuses = run(fns, params, damping, probes, name=name, tol=tol, maxiter=maxiter)
         solve_status = first_failure(statuses)

@@ -34,7 +34,6 @@ from ._checks import (
     check_spd,
     check_square_matrix,
     check_working_precision,
-    is_concrete,
     symmetry_rtol,
 )
 from ._compile import bind_batch, compiled, one_trace_per_call
@@ -1074,8 +1073,7 @@ def _point_products(f: Callable[[PyTree], jax.Array], params: PyTree) -> Product
     """The Hessian of ``f`` at ``params`` as the estimators of :mod:`minigeo._spectral` take it."""
 
     def terms(probes: PyTree, duals: PyTree, batched: str) -> jax.Array:
-        run = _compiled_probe_terms if is_concrete(params) else _probe_terms
-        return run(f, params, probes, duals, batched=batched)
+        return _compiled_probe_terms(f, params, probes, duals, batched=batched)  # inline under a trace
 
     def fixed(metric, Z, key, m, compiled, *, tol, maxiter, basis=False, restart=None, negate=False):
         run = _compiled_fixed_run if compiled else _fixed_run

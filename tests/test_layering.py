@@ -181,3 +181,40 @@ def test_the_checks_are_not_vacuous():
     assert any(t == "minigeo.sharpness._drivers" for t, _, _ in found)
     assert _is_private("minigeo._pairs") and _is_private("minigeo.sharpness._blocks")
     assert not _is_private("minigeo.sharpness") and not _is_private("minigeo.models.vit")
+
+
+def _calls_to(name: str, first_arg: str | None = None) -> list[str]:
+    """Every call ``name(...)`` or ``x.name(...)`` in minigeo's source (whose first argument is the
+    name ``first_arg``, if given), as ``path:line``."""
+    found = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            if isinstance(node, ast.Call):
+                f = node.func
+                called = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+                if first_arg is not None:
+                    args = node.args
+                    if not (args and isinstance(args[0], ast.Name) and args[0].id == first_arg):
+                        continue
+                if called == name:
+                    found.append(f"{path.relative_to(PKG.parent)}:{node.lineno}")
+    return found
+
+
+def test_one_compile_boundary_and_no_private_jax():
+    """Every module reaches the compiler through ``_compile.compiled`` (issue 53): ``jit_per_callable``
+    is applied at exactly one site, in ``_compile.py``, and nothing imports JAX's private ``jax._src``."""
+    sites = _calls_to("jit_per_callable")
+    assert len(sites) == 1 and sites[0].startswith("minigeo/_compile.py"), sites
+    private = []
+    for path in sorted(PKG.rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            names = [a.name for a in node.names] if isinstance(node, ast.Import) else []
+            if isinstance(node, ast.ImportFrom) and not node.level and node.module:
+                names = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            if any(n == "jax._src" or n.startswith("jax._src.") for n in names):
+                private.append(f"{path.relative_to(PKG.parent)}:{node.lineno}")
+    assert not private, private
+    # not vacuous: the scan finds the boundary's users, the partials of `compiled` in every module that compiles
+    users = {site.split(":")[0] for site in _calls_to("partial", first_arg="compiled")}
+    assert {"minigeo/curvature.py", "minigeo/_metric.py", "minigeo/_spectral.py", "minigeo/operators.py"} <= users
