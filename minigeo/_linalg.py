@@ -39,12 +39,6 @@ from ._status import Status, raise_for_status
 
 __all__ = [
     "SolveInfo",
-    "CG_CONVERGED",
-    "CG_MAX_ITERATIONS",
-    "CG_NONPOSITIVE_CURVATURE",
-    "CG_NONFINITE",
-    "CG_INACCURATE",
-    "CG_NOT_SYMMETRIC",
     "check_solver_options",
     "solve_spd_dense",
     "solve_spd_cg",
@@ -53,13 +47,7 @@ __all__ = [
     "symmetry_rtol",
 ]
 
-#: :attr:`SolveInfo.status` codes of the solvers: members of the one :class:`~minigeo.Status` enumeration.
-CG_CONVERGED = Status.OK
-CG_MAX_ITERATIONS = Status.MAX_ITERATIONS
-CG_NONPOSITIVE_CURVATURE = Status.NOT_POSITIVE_DEFINITE
-CG_NONFINITE = Status.NON_FINITE
-CG_INACCURATE = Status.INACCURATE
-CG_NOT_SYMMETRIC = Status.NOT_SYMMETRIC
+#: a CG run still iterating (never returned: :attr:`SolveInfo.status` is a :class:`~minigeo.Status` code)
 _RUNNING = -1
 
 
@@ -78,15 +66,15 @@ class SolveInfo(NamedTuple):
         is at most ``tol`` (CG; ``tol`` raised to at least the dtype's ``eps``).
     status
         A :class:`~minigeo.Status` code (``mg.Status(int(info.status))`` names it):
-        ``0`` (``CG_CONVERGED``) converged; ``1`` (``CG_MAX_ITERATIONS``) reached ``maxiter`` without
-        converging; ``2`` (``CG_NONPOSITIVE_CURVATURE``) not positive definite: CG met curvature
+        ``0`` (``Status.OK``) converged; ``1`` (``Status.MAX_ITERATIONS``) reached ``maxiter`` without
+        converging; ``2`` (``Status.NOT_POSITIVE_DEFINITE``) not positive definite: CG met curvature
         :math:`p^\\top A p / p^\\top p \\le \\varepsilon\\max` (of the curvatures met so far), or the
         Cholesky factorization failed or met a pivot :math:`\\le n\\varepsilon\\max|A_{ij}|` (singular or
-        indefinite to working precision: add damping); ``3`` (``CG_NONFINITE``) met non-finite values
-        (NaN or infinity in the operator's products or the matrix); ``4`` (``CG_INACCURATE``) the
+        indefinite to working precision: add damping); ``3`` (``Status.NON_FINITE``) met non-finite values
+        (NaN or infinity in the operator's products or the matrix); ``4`` (``Status.INACCURATE``) the
         recurrence reached the tolerance but the true residual stayed above ``tol`` after three
         residual replacements (round-off limits the accuracy: float32 on an ill-conditioned operator;
-        use float64, more damping or a looser ``tol``); ``5`` (``CG_NOT_SYMMETRIC``, dense and
+        use float64, more damping or a looser ``tol``); ``5`` (``Status.NOT_SYMMETRIC``, dense and
         pseudo-inverse solvers) the matrix is not symmetric: :math:`\\max|A - A^\\top| >`
         ``max(64 n, 1000) eps`` :math:`\\max|A|`.  With status 2, 3 or 5 the returned solution is NaN,
         so that it cannot be used by mistake.
@@ -223,9 +211,9 @@ def _dense_cholesky(matrix: jax.Array, damped: jax.Array, b: jax.Array) -> tuple
     symmetric = is_symmetric_to_roundoff(matrix)
     L, definite, min_pivot = cholesky_with_pivot_test(damped)
     status = jnp.where(
-        ~finite, CG_NONFINITE, jnp.where(~symmetric, CG_NOT_SYMMETRIC, jnp.where(~definite, CG_NONPOSITIVE_CURVATURE, CG_CONVERGED))
+        ~finite, Status.NON_FINITE, jnp.where(~symmetric, Status.NOT_SYMMETRIC, jnp.where(~definite, Status.NOT_POSITIVE_DEFINITE, Status.OK))
     ).astype(jnp.int32)
-    ok = status == CG_CONVERGED
+    ok = status == Status.OK
     x = jsl.cho_solve((L, True), b)
     x = jnp.where(ok, x, jnp.nan)
     e = _power_of_two_scale(b)  # the residual of the exactly scaled system: no underflow for a tiny b
@@ -252,8 +240,8 @@ def _cg_loop(matvec, b, x, r, k, curv, rq_max, threshold, maxiter):
     dtype = b.dtype
     eps = jnp.finfo(dtype).eps
     rr = jnp.real(jnp.vdot(r, r))
-    status0 = jnp.where(rr <= threshold, CG_CONVERGED, _RUNNING)
-    status0 = jnp.where(jnp.isfinite(rr), status0, CG_NONFINITE).astype(jnp.int32)
+    status0 = jnp.where(rr <= threshold, Status.OK, _RUNNING)
+    status0 = jnp.where(jnp.isfinite(rr), status0, Status.NON_FINITE).astype(jnp.int32)
 
     def cond(state):
         return state[5] == _RUNNING
@@ -275,11 +263,11 @@ def _cg_loop(matvec, b, x, r, k, curv, rq_max, threshold, maxiter):
         k1 = k + 1
         status = jnp.where(
             ~jnp.isfinite(rq) | ~jnp.isfinite(rr_new),
-            CG_NONFINITE,
+            Status.NON_FINITE,
             jnp.where(
                 ~good,
-                CG_NONPOSITIVE_CURVATURE,
-                jnp.where(rr_new <= threshold, CG_CONVERGED, jnp.where(k1 >= maxiter, CG_MAX_ITERATIONS, _RUNNING)),
+                Status.NOT_POSITIVE_DEFINITE,
+                jnp.where(rr_new <= threshold, Status.OK, jnp.where(k1 >= maxiter, Status.MAX_ITERATIONS, _RUNNING)),
             ),
         ).astype(jnp.int32)
         keep = good & jnp.isfinite(rr_new)
@@ -319,7 +307,7 @@ def _cg_flat(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, m
     tolerance).  So when the recurrence reaches the tolerance, the true residual is computed (one
     product); if it is above the tolerance, CG restarts from ``x`` with the true residual (at most
     ``_MAX_REPLACEMENTS`` times, within ``maxiter``).  If it still is, the status is
-    :data:`CG_INACCURATE`: status :data:`CG_CONVERGED` means the true relative residual, computed
+    ``Status.INACCURATE``: status ``Status.OK`` means the true relative residual, computed
     from the returned ``x``, is at most ``tol``.
     """
     real = jnp.finfo(b.dtype).dtype
@@ -340,7 +328,7 @@ def _cg_flat(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, m
 
     def cond(state):
         k, _, _, rr, _, status, _, _, n = state
-        return (status == CG_CONVERGED) & ~(rr <= threshold) & (n < _MAX_REPLACEMENTS) & (k < maxiter)
+        return (status == Status.OK) & ~(rr <= threshold) & (n < _MAX_REPLACEMENTS) & (k < maxiter)
 
     def body(state):
         k, x, r, _, _, _, curv, rq_max, n = state
@@ -353,12 +341,12 @@ def _cg_flat(matvec: Callable[[jax.Array], jax.Array], b: jax.Array, tol: Any, m
     scale = jnp.where(bb > 0, bb, 1.0)
     true_res = jnp.sqrt(rr / scale)
     # converged means the true residual of the returned x is within tol (NaN is not)
-    status = jnp.where((status == CG_CONVERGED) & ~(rr <= threshold), CG_INACCURATE, status)
+    status = jnp.where((status == Status.OK) & ~(rr <= threshold), Status.INACCURATE, status)
     status = status.astype(jnp.int32)
-    failed = (status == CG_NONPOSITIVE_CURVATURE) | (status == CG_NONFINITE)
+    failed = (status == Status.NOT_POSITIVE_DEFINITE) | (status == Status.NON_FINITE)
     residual = jnp.where(failed, jnp.sqrt(rr_rec / scale), true_res)
     # the curvature is that of the operator itself (the scaling of b does not change it)
-    return jnp.ldexp(x, e), SolveInfo(status == CG_CONVERGED, status, k, residual.astype(real), curv.astype(real))
+    return jnp.ldexp(x, e), SolveInfo(status == Status.OK, status, k, residual.astype(real), curv.astype(real))
 
 
 def solve_spd_cg(
@@ -422,7 +410,7 @@ def solve_spd_cg(
         return _cg_flat(mv, b, tol_eff, maxiter)
 
     flat_x, info = jax.lax.custom_linear_solve(matvec, flat_b, solve, symmetric=True, has_aux=True)
-    failed = (info.status == CG_NONPOSITIVE_CURVATURE) | (info.status == CG_NONFINITE)
+    failed = (info.status == Status.NOT_POSITIVE_DEFINITE) | (info.status == Status.NON_FINITE)
     flat_x = jnp.where(failed, jnp.nan, flat_x)
     solution = unravel(flat_x)
     if is_concrete(flat_x, info):
@@ -497,12 +485,12 @@ def _cg_failure_message(matvec, b, info: SolveInfo, tol: float, maxiter: int, wh
     """The eager message of a failed CG solve, with the numbers behind its status (``None``: no detail)."""
     k = int(info.iterations)
     curv = float(info.curvature)
-    if status == CG_NONFINITE:
+    if status == Status.NON_FINITE:
         return (
             f"conjugate gradients on {what} met non-finite values (NaN or infinity) after {k} iterations: the "
             "operator's products are not finite. Check the metric at these parameters."
         )
-    if status == CG_NONPOSITIVE_CURVATURE:
+    if status == Status.NOT_POSITIVE_DEFINITE:
         u = jnp.ldexp(b, -_power_of_two_scale(b))  # scale-free: |u| >= 1/2 unless b = 0
         uu = float(jnp.real(jnp.vdot(u, u)))
         rayleigh = abs(float(jnp.real(jnp.vdot(u, matvec(u))))) / uu if uu > 0 else 1.0
@@ -513,13 +501,13 @@ def _cg_failure_message(matvec, b, info: SolveInfo, tol: float, maxiter: int, wh
             "operator is singular or indefinite (on the directions explored). Add damping, or use a pseudo-inverse "
             "where a singular metric is intended."
         )
-    if status == CG_MAX_ITERATIONS:
+    if status == Status.MAX_ITERATIONS:
         return (
             f"conjugate gradients on {what} did not converge (relative residual {float(info.residual):.3g} > "
             f"tol={tol:.3g} after {maxiter} iterations). The operator is probably singular or badly conditioned: "
             "add damping (e.g. damping=1e-3), or raise maxiter."
         )
-    if status == CG_INACCURATE:
+    if status == Status.INACCURATE:
         return (
             f"conjugate gradients on {what} did not reach tol={tol:.3g}: after {k} iterations and up to three "
             f"restarts from the true residual, the true relative residual is {float(info.residual):.3g} (round-off limits "

@@ -36,7 +36,8 @@ from ._checks import (
     is_symmetric_to_roundoff,
     symmetry_rtol,
 )
-from ._linalg import CG_CONVERGED, CG_NOT_SYMMETRIC, SolveInfo, check_damping, check_solver_options, solve_spd_dense
+from ._linalg import SolveInfo, check_damping, check_solver_options, solve_spd_dense
+from ._status import Status
 from ._tree import DEFAULT_MAX_DENSE_SIZE, PyTree, check_dense_size, ravel, tree_size
 from ._metric import Metric, _matrix_field, metric_field
 
@@ -400,7 +401,7 @@ def natural_gradient(
         return x
     dtype = jnp.result_type(*jax.tree_util.tree_leaves(x))
     symmetric = is_symmetric_to_roundoff(G)
-    status = jnp.where(symmetric, CG_CONVERGED, CG_NOT_SYMMETRIC).astype(jnp.int32)
+    status = jnp.where(symmetric, Status.OK, Status.NOT_SYMMETRIC).astype(jnp.int32)
     zero = jnp.zeros((), dtype)
     return x, SolveInfo(symmetric, status, jnp.zeros((), jnp.int32), jnp.where(symmetric, zero, jnp.nan), zero)
 

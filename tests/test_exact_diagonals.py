@@ -260,13 +260,14 @@ def scaled_squared_error(z, t):
     return LOSS_SCALE * per_example_squared_error(z, t)
 
 
+@pytest.mark.parametrize("dtype", DTYPES)
 @pytest.mark.parametrize("per_example", [True, False])
-def test_second_call_on_new_data_compiles_nothing_and_reads_the_loss_global(per_example):
+def test_second_call_on_new_data_compiles_nothing_and_reads_the_loss_global(per_example, dtype):
     """The compiled diagonal is reused for new data of the same shapes (both paths: one example per
     backward pass, and the whole batch when the model closes over its data); a global read by the
     loss is read afresh: the empirical Fisher's diagonal scales with its square."""
     global LOSS_SCALE
-    params, X, labels, targets = problem(jnp.float64)
+    params, X, labels, targets = problem(dtype)
     X2, t2 = X[::-1] + 0.5, targets[::-1]
 
     def calls(X, labels, targets):
@@ -288,10 +289,12 @@ def test_second_call_on_new_data_compiles_nothing_and_reads_the_loss_global(per_
         for c, before in zip(calls(X2, labels, t2), first):
             out, n = compiles_during(c)
             assert n == 0
+            assert flat(out).dtype == dtype
             assert not np.allclose(flat(out), before)  # today's data, not the first call's
         LOSS_SCALE = 2.0
         scaled = flat(calls(X, labels, targets)[2]())
-        np.testing.assert_allclose(scaled, 4.0 * first[2], rtol=1e-12)
+        # a gain of 2 on the loss scales every gradient by exactly 2 (a power of two): the squares by 4
+        np.testing.assert_allclose(scaled, 4.0 * first[2], rtol=10 * float(jnp.finfo(dtype).eps))
     finally:
         LOSS_SCALE = 1.0
 

@@ -1029,12 +1029,14 @@ def test_vit_kfac_factors_and_ekfac_eigenvalues_against_a_hand_written_vit(dtype
 _VIT_GAIN = 1.0  # a notebook-style global the model below reads
 
 
-def test_vit_factors_second_call_compiles_nothing_and_follows_new_images_and_a_global():
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_vit_factors_second_call_compiles_nothing_and_follows_new_images_and_a_global(dtype):
     """The compiled statistics are reused across eager calls (a new model closure, new images of the same
     shape), and nothing is stale: each call's factors equal the hand-written truth for that call's images
     and the value of a global the model reads (a gain on the images)."""
     global _VIT_GAIN
-    d, merge, _, X = vit_net(seed=5, n=2)
+    d, merge, _, X = vit_net(seed=5, n=2, dtype=dtype)
+    rel = 1e-12 if dtype == jnp.float64 else tol(dtype)
     X2 = jnp.flip(X, axis=1) + 0.5
     try:
         for k, (gain, images) in enumerate([(1.0, X), (1.0, X2), (2.0, X2)]):
@@ -1047,8 +1049,9 @@ def test_vit_factors_second_call_compiles_nothing_and_follows_new_images_and_a_g
                 assert n == 0, f"call {k} compiled {n} programs"
             A, B, _ = _vit_truth(d, merge, gain * images, exact_blocks=False)
             for f, a, b in zip(factors, A, B):
-                np.testing.assert_allclose(np.asarray(f.A), a, atol=1e-12 * np.abs(a).max(), err_msg=f.weight)
-                np.testing.assert_allclose(np.asarray(f.B), b, atol=1e-12 * np.abs(b).max(), err_msg=f.weight)
+                assert f.A.dtype == dtype and f.B.dtype == dtype
+                np.testing.assert_allclose(np.asarray(f.A, np.float64), a, atol=rel * np.abs(a).max(), err_msg=f.weight)
+                np.testing.assert_allclose(np.asarray(f.B, np.float64), b, atol=rel * np.abs(b).max(), err_msg=f.weight)
     finally:
         _VIT_GAIN = 1.0
 

@@ -12,7 +12,7 @@ from helpers import random_spd, rng
 
 import minigeo as mg
 from minigeo import GeometryError
-from minigeo._linalg import CG_CONVERGED, CG_MAX_ITERATIONS, CG_NONPOSITIVE_CURVATURE, solve_spd_cg
+from minigeo._linalg import solve_spd_cg
 
 DTYPES = [jnp.float64, jnp.float32]
 
@@ -167,18 +167,18 @@ def test_cg_status_under_jit():
     b2, b6, p6 = jnp.array([1.0, 0.1]), jnp.ones(6), jnp.zeros(6)
 
     x, info = jax.jit(lambda b: indefinite.solve(jnp.zeros(2), b, return_info=True))(b2)
-    assert int(info.status) == CG_NONPOSITIVE_CURVATURE and not bool(info.converged)
+    assert int(info.status) == mg.Status.NOT_POSITIVE_DEFINITE and not bool(info.converged)
     assert np.all(np.isnan(np.asarray(x)))  # never a silent number
     x, info = jax.jit(lambda b: mg.sharp(lambda u: A @ u, b, return_info=True))(b2)
-    assert int(info.status) == CG_NONPOSITIVE_CURVATURE and np.all(np.isnan(np.asarray(x)))
+    assert int(info.status) == mg.Status.NOT_POSITIVE_DEFINITE and np.all(np.isnan(np.asarray(x)))
 
     x, info = jax.jit(lambda b: spd.solve(p6, b, maxiter=1, return_info=True))(b6)
-    assert int(info.status) == CG_MAX_ITERATIONS and not bool(info.converged) and float(info.residual) > 1e-6
+    assert int(info.status) == mg.Status.MAX_ITERATIONS and not bool(info.converged) and float(info.residual) > 1e-6
     with pytest.raises(mg.GeometryError, match=r"did not converge.*damping"):
         spd.solve(p6, b6, maxiter=1)
 
     x, info = jax.jit(lambda b: mg.natural_gradient(spd, p6, b, tol=1e-12, return_info=True))(b6)
-    assert int(info.status) == CG_CONVERGED and bool(info.converged) and float(info.residual) <= 1e-12
+    assert int(info.status) == mg.Status.OK and bool(info.converged) and float(info.residual) <= 1e-12
     np.testing.assert_allclose(x, np.linalg.solve(np.asarray(spd.dense(p6)), np.ones(6)), rtol=1e-9)
     # dense solvers report converged, with the same return type
     x, info = mg.natural_gradient(spd, p6, b6, solver="dense", return_info=True)
@@ -232,7 +232,6 @@ def _true_residual(A64, b, x):
 def test_cg_under_jit_reports_the_true_residual_in_float32(cond):
     # In float32 the CG recurrence drifts from b - Ax: before the fix, a jitted solve reported
     # "converged" (status 0) at true residuals of 20 to 8000 times tol on these operators.
-    from minigeo._linalg import CG_INACCURATE
 
     A64, b64 = _ill_conditioned(4, 200, cond)
     A, b = jnp.asarray(A64, jnp.float32), jnp.asarray(b64, jnp.float32)
@@ -243,21 +242,21 @@ def test_cg_under_jit_reports_the_true_residual_in_float32(cond):
     # the reported residual is the true one (up to float32 round-off in computing it)
     np.testing.assert_allclose(float(info.residual), true, rtol=0.25)
     floor = 100 * float(jnp.finfo(jnp.float32).eps)
-    if int(info.status) == CG_CONVERGED:
+    if int(info.status) == mg.Status.OK:
         assert true <= max(10 * tol, 2 * floor)
     else:
-        assert int(info.status) == CG_INACCURATE and true > 10 * tol and not bool(info.converged)
+        assert int(info.status) == mg.Status.INACCURATE and true > 10 * tol and not bool(info.converged)
         with pytest.raises(GeometryError, match="round-off"):
             solve_spd_cg(lambda v: A @ v, b, tol=tol, maxiter=5000)
     if cond >= 8e3:  # attainable accuracy ~ eps * cond: these cannot reach tol in float32
-        assert int(info.status) == CG_INACCURATE
+        assert int(info.status) == mg.Status.INACCURATE
 
 
 def test_cg_residual_replacement_is_exact_in_float64():
     A64, b64 = _ill_conditioned(4, 200, 1e5)
     A, b = jnp.asarray(A64), jnp.asarray(b64)
     x, info = jax.jit(lambda b: solve_spd_cg(lambda v: A @ v, b, tol=1e-10, maxiter=5000, return_info=True))(b)
-    assert int(info.status) == CG_CONVERGED
+    assert int(info.status) == mg.Status.OK
     true = _true_residual(A64, b, x)
     assert true <= 1e-10
     np.testing.assert_allclose(float(info.residual), true, rtol=1e-3)

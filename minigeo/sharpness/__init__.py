@@ -26,7 +26,7 @@ average over a stack of batches, and return the maximizing perturbation.
 **The package, in reading order** (each module imports only from the ones above it):
 
 * :mod:`minigeo.sharpness._spec`: the specification types, :class:`SymmetrySpec` (:func:`symmetry_spec`,
-  :func:`with_bias`, :class:`WithBias`) and :class:`SharpnessResult` with its ``STATUS_*`` codes;
+  :func:`with_bias`, :class:`WithBias`) and :class:`SharpnessResult` (its status: a :class:`~minigeo.Status`);
 * :mod:`minigeo.sharpness._blocks`: the search space, one block type per symmetry kind (GL(h) pair,
   GL(1) pair, element-wise leaf) in coordinates where the ball is Euclidean, side by side in ``_Geometry``;
 * :mod:`minigeo.sharpness._ascent`: Auto-PGD with antipodal restarts on those coordinates;
@@ -44,10 +44,7 @@ from ._blocks import _ElementWise, _Geometry, _GL1Pair, _GLhPair, _horizontal_wh
 from ._drivers import _factorize, _rho_limit, _search_batches, adaptive_sharpness, geodesic_sharpness  # noqa: F401
 from ._spec import (
     DEFAULT_RTOL,
-    STATUS_BAD_RHO,
-    STATUS_NON_FINITE,
-    STATUS_OK,
-    STATUS_SINGULAR_PAIR,
+    DEPRECATED_STATUS_NAMES as _DEPRECATED_STATUS_NAMES,
     SharpnessResult,
     SymmetrySpec,
     WithBias,
@@ -65,3 +62,20 @@ __all__ = [
     "geodesic_sharpness",
     "kendall_tau",
 ]
+
+
+def __getattr__(name: str):
+    """The old ``STATUS_*`` names of the status codes: the :class:`~minigeo.Status` member, with a warning."""
+    if name in _DEPRECATED_STATUS_NAMES:
+        import warnings
+
+        from .._status import Status
+
+        member = _DEPRECATED_STATUS_NAMES[name]
+        warnings.warn(
+            f"minigeo.sharpness.{name} is deprecated: use minigeo.Status.{member}; the old name goes in 0.5.0",
+            DeprecationWarning,
+            stacklevel=2,
+        )
+        return Status[member]
+    raise AttributeError(f"module 'minigeo.sharpness' has no attribute {name!r}")

@@ -20,15 +20,12 @@ from .._batches import Batches
 from .._checks import GeometryError, as_float_point, check_finite, check_key, check_same_structure, is_concrete
 from .._compile import compiled
 from .._pairs import _eps_that_works
+from .._status import Status
 from .._tree import PyTree
 from ._ascent import N_RESTARTS, _auto_pgd
 from ._blocks import _Geometry, _normal_like
 from ._spec import (
     DEFAULT_RTOL,
-    STATUS_BAD_RHO,
-    STATUS_NON_FINITE,
-    STATUS_OK,
-    STATUS_SINGULAR_PAIR,
     SharpnessResult,
     SymmetrySpec,
 )
@@ -50,7 +47,7 @@ def _rho_limit(dtype) -> float:
 
 
 def _check_rho(rho: Any, dtype=None) -> None:
-    """rho may be a Python or NumPy scalar, a 0-d array or a traced value (then unchecked; see ``STATUS_BAD_RHO``);
+    """rho may be a Python or NumPy scalar, a 0-d array or a traced value (then unchecked; see ``Status.RHO_OUT_OF_RANGE``);
     with ``dtype`` (the loss's), a concrete rho must also be at most :func:`_rho_limit`."""
     if isinstance(rho, bool) or not (
         isinstance(rho, (int, float, np.integer, np.floating)) or (hasattr(rho, "shape") and jnp.shape(rho) == ())
@@ -216,8 +213,8 @@ _search_batches = functools.partial(compiled, _search_batches_impl)
 def _status(pairs_ok: jax.Array, finite: jax.Array, rho_ok: jax.Array = True) -> jax.Array:
     return jnp.where(
         ~jnp.asarray(rho_ok),
-        STATUS_BAD_RHO,
-        jnp.where(~pairs_ok, STATUS_SINGULAR_PAIR, jnp.where(jnp.all(finite), STATUS_OK, STATUS_NON_FINITE)),
+        Status.RHO_OUT_OF_RANGE,
+        jnp.where(~pairs_ok, Status.ILL_CONDITIONED_PAIR, jnp.where(jnp.all(finite), Status.OK, Status.NON_FINITE)),
     ).astype(jnp.int32)
 
 

@@ -4,8 +4,8 @@ r"""The specification types of :mod:`minigeo.sharpness`: which symmetries to quo
   :func:`with_bias` / :class:`WithBias`), the element-wise GL(1) pairs and the redundant leaves of a
   parameter pytree, by leaf index;
 * :class:`SharpnessResult`: what :func:`~minigeo.adaptive_sharpness` and
-  :func:`~minigeo.geodesic_sharpness` return, with its ``status`` codes ``STATUS_*`` and the default
-  accuracy ``DEFAULT_RTOL``.
+  :func:`~minigeo.geodesic_sharpness` return, whose ``status`` is a :class:`~minigeo.Status` code, and
+  the default accuracy ``DEFAULT_RTOL``.
 """
 
 from __future__ import annotations
@@ -267,13 +267,14 @@ def symmetry_spec(
     )
 
 
-#: :attr:`SharpnessResult.status` codes, members of the one :class:`~minigeo.Status` enumeration: success,
-#: a GL(h) pair too ill conditioned for the requested accuracy (or rank deficient), a non-finite value, a
-#: traced ``rho`` outside ``(0, 1/eps]`` of the loss's dtype.
-STATUS_OK = Status.OK
-STATUS_SINGULAR_PAIR = Status.ILL_CONDITIONED_PAIR
-STATUS_NON_FINITE = Status.NON_FINITE
-STATUS_BAD_RHO = Status.RHO_OUT_OF_RANGE
+#: The old names of the :attr:`SharpnessResult.status` codes (until 0.5.0, with a deprecation warning:
+#: ``minigeo.sharpness.__getattr__``); the codes are members of the one :class:`~minigeo.Status` enumeration.
+DEPRECATED_STATUS_NAMES = {
+    "STATUS_OK": "OK",
+    "STATUS_SINGULAR_PAIR": "ILL_CONDITIONED_PAIR",
+    "STATUS_NON_FINITE": "NON_FINITE",
+    "STATUS_BAD_RHO": "RHO_OUT_OF_RANGE",
+}
 
 #: Default accuracy (relative) that :func:`~minigeo.geodesic_sharpness` requires of its factorization of metric (15).
 DEFAULT_RTOL = 1e-2
@@ -294,11 +295,11 @@ class SharpnessResult(NamedTuple):
         for it (``return_perturbation=True``; at ViT-B/32 that is 88 M numbers per batch), else ``None``.
     status : jax.Array
         int32 scalar, a :class:`~minigeo.Status` code (``mg.Status(int(result.status))`` names it):
-        ``0`` (``Status.OK``), ``6`` (``Status.ILL_CONDITIONED_PAIR``, alias ``STATUS_SINGULAR_PAIR``: a
+        ``0`` (``Status.OK``), ``6`` (``Status.ILL_CONDITIONED_PAIR``: a
         GL(h) pair is so ill conditioned at its dtype that ``error_bound`` exceeds the call's ``rtol``,
-        rank-deficient pairs included), ``3`` (``Status.NON_FINITE``, alias ``STATUS_NON_FINITE``: the
+        rank-deficient pairs included), ``3`` (``Status.NON_FINITE``: the
         loss or its gradient was NaN/inf at the base point or during the search) or ``7``
-        (``Status.RHO_OUT_OF_RANGE``, alias ``STATUS_BAD_RHO``: a traced ``rho`` above ``1/eps`` of the
+        (``Status.RHO_OUT_OF_RANGE``: a traced ``rho`` above ``1/eps`` of the
         loss's dtype, see :func:`~minigeo.adaptive_sharpness`).  Called eagerly,
         :func:`~minigeo.adaptive_sharpness` and :func:`~minigeo.geodesic_sharpness` raise :class:`~minigeo.GeometryError` instead;
         under ``jax.jit`` they cannot raise, so check ``result.status`` (or ``result.ok``) yourself.
@@ -336,10 +337,10 @@ class SharpnessResult(NamedTuple):
     sharpness: jax.Array
     per_batch: jax.Array
     perturbation: PyTree = None
-    status: jax.Array = STATUS_OK
+    status: jax.Array = Status.OK
     error_bound: jax.Array = 0.0
 
     @property
     def ok(self) -> jax.Array:
         """``status == 0``: every pair well conditioned and every value finite (check this under ``jit``)."""
-        return jnp.asarray(self.status) == STATUS_OK
+        return jnp.asarray(self.status) == Status.OK
