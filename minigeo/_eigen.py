@@ -4,11 +4,17 @@ Shared by :func:`minigeo.top_eigenvalues` and :meth:`minigeo.operators.Curvature
 (issue 31: single-vector Lanczos keeps only one copy of a repeated eigenvalue, and a per-value
 residual bound cannot see the missing copies).
 
+* One recurrence, written once as small step functions (matfree's pattern): :func:`_gram_schmidt`,
+  :func:`_restart_covectors` and :func:`_finish_restarts` (the pending block ``G``-orthonormalized,
+  broken columns restarted), :func:`_absorb` (a block step after its product with ``H``: the rows of
+  ``T`` and the residual) and :func:`_rescale` (the breakdown scale).  The products with ``H`` and
+  ``G^{-1}`` are the drivers' own; two drivers run the steps:
 * :func:`block_lanczos`: ``m`` block steps with a block of ``p`` vectors, on the device (one
   compiled ``fori_loop``; each block step is one batched, ``vmap``-ed product with ``H`` and one
-  with ``G^{-1}``).
-* :class:`ResumableBlockLanczos`: the same recurrence with the basis in host memory (NumPy),
-  extendable block by block (the adaptive eager path and the dataset operators).
+  with ``G^{-1}``);
+* :class:`ResumableBlockLanczos`: the same steps, compiled one by one and driven from Python with the
+  basis in host memory, extendable block by block, for products that a compiled loop cannot call
+  (a pass over a dataset, an eager solve with the metric; the adaptive eager path).
 * :func:`ritz_certificate`: Rayleigh-Ritz on the projected matrix and the Kahan bound of the
   leading Ritz values; :func:`certified_top_eigenvalues`: validation, the adaptive loop, NaN under
   ``jit`` and the eager error.
@@ -23,8 +29,10 @@ which hold all of ``H Q_j`` but the residual in exact arithmetic, then against e
 which removes the round-off; each pass reads each block once), applies ``G^{-1}`` and
 ``G``-orthonormalizes the residual block column by column (Gram-Schmidt, twice).  A residual column below
 ``breakdown_tol * scale`` is a breakdown (an invariant subspace, e.g. a low-rank Hessian): it is
-replaced by a random vector ``G``-orthogonal to the basis (or, once the basis spans the whole
-space, by a zero row marked dead).  After the last block, ``E Y - Y Theta`` for the Ritz vectors
+replaced by a random vector ``G``-orthogonal to the basis and to the rest of the block (or, once the
+basis spans the whole space, by a zero row marked dead); the random covectors of a block's broken
+columns are projected first and mapped by ``G^{-1}`` in one batched product (projections are linear,
+so the pair ``(G^{-1} r, r)`` stays a pair while it is orthogonalized against the block).  After the last block, ``E Y - Y Theta`` for the Ritz vectors
 ``Y = Q^T S`` is the last residual block times the last ``p`` rows of ``S``.
 """
 
@@ -77,6 +85,120 @@ def _breakdown_tol(d: int, dtype: Any, breakdown_tol: float | None) -> float:
 
 
 # ---------------------------------------------------------------------------
+# the recurrence, as small step functions (one definition for both drivers below)
+# ---------------------------------------------------------------------------
+def _gram_schmidt(V: jax.Array, Hc: jax.Array, tol: Any, scale: jax.Array, euclid: bool):
+    """``G``-orthonormalize the rows of ``(V, Hc = G V)`` among themselves (already ``G``-orthogonal to the
+    basis), twice per column: ``(Qn, Wn, broke)``; a column below ``tol * scale`` is a breakdown, left a
+    zero row (:func:`_restart_covectors` and :func:`_finish_restarts` replace it).  NaN is not a
+    breakdown: it propagates into ``T``."""
+    p, d = V.shape
+
+    def column(i, carry):
+        Qn, Wn, broke = carry
+        v, h = V[i], Hc[i]
+        for _ in range(2):  # against the new rows so far (zero rows beyond i), twice
+            c = Qn @ h
+            v = v - Qn.T @ c
+            h = v if euclid else h - Wn.T @ c  # G = I: V is Hc and Wn is Qn, computed once
+        nrm = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
+        br = nrm <= tol * scale
+        safe = jnp.where(nrm > 0, nrm, 1.0)
+        Qn = Qn.at[i].set(jnp.where(br, 0.0, v / safe))
+        Wn = Qn if euclid else Wn.at[i].set(jnp.where(br, 0.0, h / safe))
+        return Qn, Wn, broke.at[i].set(br)
+
+    zeros = jnp.zeros((p, d), V.dtype)
+    return jax.lax.fori_loop(0, p, column, (zeros, zeros, jnp.zeros(p, bool)))
+
+
+def _restart_covectors(Q, W, Qn, Wn, broke, key, row0, tol):
+    """Random covectors for the broken columns (row ``row0 + i`` draws ``fold_in(key, row0 + i)``), with
+    their components along the basis and the new block removed (twice): ``(R, ok)``; ``ok`` False where
+    nothing is left (the basis already spans everything)."""
+    p, d = Qn.shape
+    R = jax.vmap(lambda i: jax.random.normal(jax.random.fold_in(key, row0 + i), (d,), dtype=Qn.dtype))(jnp.arange(p))
+    r0 = jnp.linalg.norm(R, axis=1)
+    for _ in range(2):
+        R = R - (R @ Q.T) @ W
+        R = R - (R @ Qn.T) @ Wn
+    ok = broke & (jnp.linalg.norm(R, axis=1) > tol * r0)
+    return jnp.where(ok[:, None], R, 0.0), ok
+
+
+def _finish_restarts(Qn, Wn, R, RV, broke, ok, tol, euclid: bool):
+    """The broken columns replaced by the restart pairs ``(RV = G^{-1} R, R)``, ``G``-orthonormalized
+    against the new block column by column (twice): ``(Qn, Wn, alive)``.  Products are linear, so
+    projecting a pair keeps ``RV = G^{-1} R``; a pair with nothing left is a dead zero row."""
+
+    def column(i, carry):
+        Qn, Wn, alive = carry
+        v, h = RV[i], R[i]
+        n0 = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
+        for _ in range(2):
+            c = Qn @ h
+            v = v - Qn.T @ c
+            h = v if euclid else h - Wn.T @ c
+        nr = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
+        good = ok[i] & (nr > tol * n0)
+        safe = jnp.where(nr > 0, nr, 1.0)
+        Qn = Qn.at[i].set(jnp.where(broke[i], jnp.where(good, v / safe, 0.0), Qn[i]))
+        Wn = Qn if euclid else Wn.at[i].set(jnp.where(broke[i], jnp.where(good, h / safe, 0.0), Wn[i]))
+        return Qn, Wn, alive.at[i].set(~broke[i] | good)
+
+    return jax.lax.fori_loop(0, Qn.shape[0], column, (Qn, Wn, jnp.ones(Qn.shape[0], bool)))
+
+
+def _project_out(X, Q, W, lo, hi, p: int):
+    """Classical Gram-Schmidt of the rows of ``X`` against the blocks ``lo .. hi - 1`` of the basis:
+    ``(X - C W, C)``, the coefficients ``C = X Q^T`` (``(rows, N)``, zero outside those blocks), reading
+    each block once (the preallocated basis is not read past the filled blocks; issue 30)."""
+
+    def block(b, carry):
+        acc, C = carry
+        Qb = jax.lax.dynamic_slice_in_dim(Q, b * p, p)
+        Wb = jax.lax.dynamic_slice_in_dim(W, b * p, p)
+        Cb = X @ Qb.T
+        return acc + Cb @ Wb, jax.lax.dynamic_update_slice_in_dim(C, Cb, b * p, 1)
+
+    zeros = (jnp.zeros_like(X), jnp.zeros((X.shape[0], Q.shape[0]), X.dtype))
+    acc, C = jax.lax.fori_loop(lo, hi, block, zeros)
+    return X - acc, C
+
+
+def _absorb(Hraw, Q, W, T, j, first, tol, p: int):
+    """Block step ``j`` after its product ``Hraw = H Q_j``: ``(T, Hres, A)``, the rows and columns ``j`` of
+    ``T = Q H Q^T``, the residual block (round-off set to 0) and the diagonal block ``A`` of ``T``.
+
+    "Twice is enough", with a cheap first pass: in exact arithmetic ``H Q_j`` lies in the span of the
+    blocks ``j - 1``, ``j`` and the residual, so a first pass against those two blocks removes all but
+    round-off and one pass against every filled block removes that (the first step after a thick
+    restart, ``j == first > 0``, couples to every kept Ritz vector: a full first pass).  ``T``'s rows
+    are the sum of the two passes' coefficients: ``H Q_j Q^T`` up to round-off."""
+    s = j * p
+    Hres, C = _project_out(Hraw, Q, W, jnp.where(j == first, 0, jnp.maximum(j - 1, 0)), j + 1, p)
+    Hres, C2 = _project_out(Hres, Q, W, 0, j + 1, p)
+    C = C + C2
+    T = jax.lax.dynamic_update_slice(T, C, (s, 0))
+    T = jax.lax.dynamic_update_slice(T, C.T, (0, s))
+    # a residual at round-off (an invariant subspace) is set to 0 before G^{-1}: a CG solve on
+    # rounding noise may fail, and the column is a breakdown either way
+    rn = jnp.linalg.norm(Hres, axis=1)
+    keep = (rn > tol * jnp.max(jnp.linalg.norm(Hraw, axis=1))) | jnp.isnan(rn)
+    return T, jnp.where(keep[:, None], Hres, 0.0), jax.lax.dynamic_slice_in_dim(C, s, p, axis=1)
+
+
+def _rescale(scale, A, Vres, Hres):
+    """The breakdown scale after a block step: the largest of the old one, ``|A|`` and the residual's ``G``-norms (NaN propagates)."""
+    res2 = jnp.sum(Vres * Hres, axis=1)
+    return jnp.maximum(scale, jnp.maximum(jnp.max(jnp.abs(A)), jnp.sqrt(jnp.max(jnp.maximum(res2, 0.0)))))
+
+
+def _start_scale(V0, Z):
+    return jnp.sqrt(jnp.max(jnp.maximum(jnp.sum(V0 * Z, axis=1), 0.0)))
+
+
+# ---------------------------------------------------------------------------
 # device recurrence
 # ---------------------------------------------------------------------------
 def block_lanczos(
@@ -99,7 +221,8 @@ def block_lanczos(
     live basis rows (dead rows only once the basis spans all ``d`` dimensions) and the ``(p, p)``
     ``G``-Gram matrix ``M = R G R^T`` of the last residual block ``R`` (for the certificate);
     ``return_basis``: also the ``(m p, d)`` ``G``-orthonormal basis ``Q`` (for Ritz vectors).
-    ``jit``-compatible: ``m`` and the shapes are static.
+    ``jit``-compatible: ``m`` and the shapes are static.  One compiled ``fori_loop`` over the step
+    functions above (:class:`ResumableBlockLanczos` drives the same functions from Python).
 
     ``resume``: a thick restart (:func:`restarted_block_lanczos`): ``(Q, W, T, alive, scale, V, H, j0,
     start_scale)``, the first ``j0`` blocks of the basis already filled (kept Ritz vectors, with their
@@ -115,101 +238,34 @@ def block_lanczos(
     hb = jax.vmap(apply_h)
     euclid = apply_ginv is None
     gb = (lambda X: X) if euclid else jax.vmap(apply_ginv)
-    g1 = (lambda x: x) if euclid else apply_ginv
 
     def orthonormalize(V, Hc, Q, W, row0, scale):
-        """G-orthonormalize the rows of (V, Hc = G V), already G-orthogonal to the basis (Q, W)."""
+        """The pending block ``G``-orthonormalized; broken columns restarted (one batched ``G^{-1}``, only
+        when a column broke down)."""
+        Qn, Wn, broke = _gram_schmidt(V, Hc, tol, scale, euclid)
 
-        def column(i, carry):
-            Qn, Wn, alive = carry
-            v, h = V[i], Hc[i]
-            for _ in range(2):  # against the new rows so far (zero rows beyond i), twice
-                c = Qn @ h
-                v = v - Qn.T @ c
-                h = v if euclid else h - Wn.T @ c  # G = I: V is Hc and Wn is Qn, computed once
-            nrm = jnp.sqrt(jnp.maximum(jnp.vdot(v, h), 0.0))
-            broke = nrm <= tol * scale  # NaN is not a breakdown: it propagates into T
+        def restart(_):
+            R, ok = _restart_covectors(Q, W, Qn, Wn, broke, key, row0, tol)
+            return _finish_restarts(Qn, Wn, R, gb(R), broke, ok, tol, euclid)
 
-            def restart(_):
-                r = jax.random.normal(jax.random.fold_in(key, row0 + i), (d,), dtype=dtype)
-                r0 = jnp.linalg.norm(r)
-                for _ in range(2):
-                    r = r - W.T @ (Q @ r)
-                    r = r - Wn.T @ (Qn @ r)
-                rv = g1(r)
-                nr = jnp.sqrt(jnp.maximum(jnp.vdot(rv, r), 0.0))
-                ok = jnp.linalg.norm(r) > tol * r0  # else the basis already spans everything
-                safe = jnp.where(nr > 0, nr, 1.0)
-                return jnp.where(ok, rv / safe, 0.0), jnp.where(ok, r / safe, 0.0), ok
-
-            def normalize(_):
-                safe = jnp.where(nrm > 0, nrm, 1.0)
-                return v / safe, h / safe, jnp.asarray(True)
-
-            q, w, ok = jax.lax.cond(broke, restart, normalize, None)
-            if euclid:
-                Qn = Qn.at[i].set(q)
-                return Qn, Qn, alive.at[i].set(ok)
-            return Qn.at[i].set(q), Wn.at[i].set(w), alive.at[i].set(ok)
-
-        zeros = jnp.zeros((p, d), dtype)
-        return jax.lax.fori_loop(0, p, column, (zeros, zeros, jnp.zeros(p, bool)))
-
-    # The basis is preallocated (static shapes), but a pass over it reads only the blocks filled so far
-    # (a loop over blocks with a traced trip count), and once: with the whole (m p, d) basis in one
-    # matrix product, zero rows included, four passes per block step made the basis reads, not the
-    # products with H, the cost of a run (issue 30).
-    def project_out(X, Q, W, lo, hi):
-        """Classical Gram-Schmidt of the rows of X against the blocks lo..hi-1: (X - C W, C), with the
-        coefficients C = X Q^T ((rows, m p), zero outside those blocks), reading each block once."""
-
-        def block(b, carry):
-            acc, C = carry
-            Qb = jax.lax.dynamic_slice_in_dim(Q, b * p, p)
-            Wb = Qb if euclid else jax.lax.dynamic_slice_in_dim(W, b * p, p)
-            Cb = X @ Qb.T
-            return acc + Cb @ Wb, jax.lax.dynamic_update_slice_in_dim(C, Cb, b * p, 1)
-
-        acc, C = jax.lax.fori_loop(lo, hi, block, (jnp.zeros_like(X), jnp.zeros((X.shape[0], N), dtype)))
-        return X - acc, C
+        return jax.lax.cond(jnp.any(broke), restart, lambda _: (Qn, Wn, jnp.ones(p, bool)), None)
 
     Q = jnp.zeros((N, d), dtype)
-    W = None if euclid else jnp.zeros((N, d), dtype)
+    W = None if euclid else jnp.zeros((N, d), dtype)  # G = I: the basis is carried once
     V0 = gb(Z) if resume is None else None
-    start_scale = None if resume is not None else jnp.sqrt(jnp.max(jnp.maximum(jnp.sum(V0 * Z, axis=1), 0.0)))
+    start_scale = None if resume is not None else _start_scale(V0, Z)
     alive = jnp.zeros(N, bool)
     T = jnp.zeros((N, N), dtype)
-
-    def step(j, Q, W, T, scale):
-        s = j * p
-        Qj = jax.lax.dynamic_slice_in_dim(Q, s, p)
-        Hraw = hb(Qj)  # = G E Q_j
-        # "twice is enough", with a cheap first pass: in exact arithmetic H Q_j lies in the span of the
-        # blocks j - 1, j and the residual, so the first pass (against those two blocks) removes all but
-        # round-off, and one pass against every filled block removes that.  T's rows are the sum of the
-        # two passes' coefficients: H Q_j Q^T up to round-off (later blocks' entries are filled at
-        # their own step, by symmetry).
-        # the first step after a thick restart couples to every kept Ritz vector: a full first pass
-        Hres, C = project_out(Hraw, Q, W, jnp.where(j == first, 0, jnp.maximum(j - 1, 0)), j + 1)
-        Hres, C2 = project_out(Hres, Q, W, 0, j + 1)
-        C = C + C2
-        T = jax.lax.dynamic_update_slice(T, C, (s, 0))
-        T = jax.lax.dynamic_update_slice(T, C.T, (0, s))
-        # a residual at round-off (an invariant subspace) is set to 0 before G^{-1}: a CG solve on
-        # rounding noise may fail, and the column is a breakdown either way
-        rn = jnp.linalg.norm(Hres, axis=1)
-        Hres = jnp.where((rn > tol * jnp.max(jnp.linalg.norm(Hraw, axis=1)))[:, None] | jnp.isnan(rn)[:, None], Hres, 0.0)
-        Vres = gb(Hres)
-        res2 = jnp.sum(Vres * Hres, axis=1)
-        A = jax.lax.dynamic_slice_in_dim(C, s, p, axis=1)
-        scale = jnp.maximum(scale, jnp.maximum(jnp.max(jnp.abs(A)), jnp.sqrt(jnp.max(jnp.maximum(res2, 0.0)))))
-        return T, Hres, Vres, scale
+    scale0 = jnp.zeros((), dtype)
+    first = 0
+    if resume is not None:
+        Q, W, T, alive, scale0, V0, Z, first, start_scale = resume
+        W = None if euclid else W
 
     # One loop body: G-orthonormalize the pending block (the start block at j = 0, else the last
     # residual) into block j, then run block step j.  So orthonormalization and the products with H
-    # and G^{-1} are traced and compiled once each (a start block orthonormalized before the loop and
-    # a last step after it compiled them twice), and the residual left pending after the last step is
-    # the one the certificate needs.
+    # and G^{-1} are traced and compiled once each, and the residual left pending after the last step
+    # is the one the certificate needs.
     def body(j, carry):
         Q, W, T, alive, scale, Vp, Hp = carry
         # the start block's breakdown test is relative to its own size; later ones to H's scale so far
@@ -217,14 +273,10 @@ def block_lanczos(
         Q = jax.lax.dynamic_update_slice_in_dim(Q, Qn, j * p, 0)
         W = None if euclid else jax.lax.dynamic_update_slice_in_dim(W, Wn, j * p, 0)
         alive = jax.lax.dynamic_update_slice_in_dim(alive, al, j * p, 0)
-        T, Hres, Vres, scale = step(j, Q, W, T, scale)
-        return Q, W, T, alive, scale, Vres, Hres
+        T, Hres, A = _absorb(hb(Qn), Q, Q if euclid else W, T, j, first, tol, p)  # Qn is block j: H Q_j = G E Q_j
+        Vres = gb(Hres)
+        return Q, W, T, alive, _rescale(scale, A, Vres, Hres), Vres, Hres
 
-    scale0 = jnp.zeros((), dtype)
-    first = 0
-    if resume is not None:
-        Q, W, T, alive, scale0, V0, Z, first, start_scale = resume
-        W = None if euclid else W
     Q, W, T, alive, scale, Vres, Hres = jax.lax.fori_loop(first, m, body, (Q, W, T, alive, scale0, V0, Z))
     M = Vres @ Hres.T
     out = (0.5 * (T + T.T), alive, 0.5 * (M + M.T))
@@ -270,7 +322,7 @@ def restarted_block_lanczos(
     L = lb * p
     euclid = apply_ginv is None
     V0 = Z if euclid else jax.vmap(apply_ginv)(Z)
-    start_scale = jnp.sqrt(jnp.max(jnp.maximum(jnp.sum(V0 * Z, axis=1), 0.0)))
+    start_scale = _start_scale(V0, Z)
     zeros_basis = jnp.zeros((N, d), dtype)
     W0 = jnp.zeros((0,), dtype) if euclid else zeros_basis  # G = I: no second basis
     M0 = jnp.zeros((p, p), dtype)
@@ -316,16 +368,35 @@ def restarted_block_lanczos(
 
 
 # ---------------------------------------------------------------------------
-# host recurrence
+# the same recurrence driven from Python, its basis in host memory
 # ---------------------------------------------------------------------------
+_gram_schmidt_c = jax.jit(_gram_schmidt, static_argnames=("euclid",))
+_restart_covectors_c = jax.jit(_restart_covectors)
+_finish_restarts_c = jax.jit(_finish_restarts, static_argnames=("euclid",))
+_absorb_c = jax.jit(_absorb, static_argnames=("p",), donate_argnums=(3,))
+_rescale_c = jax.jit(_rescale)
+
+
+@functools.partial(jax.jit, donate_argnums=(0, 1, 2))
+def _write_block(Q, W, alive, Qn, Wn, al, row0):
+    put = lambda buf, x: jax.lax.dynamic_update_slice_in_dim(buf, x, row0, 0)
+    return put(Q, Qn), (None if W is None else put(W, Wn)), put(alive, al)
+
+
+def _host_device() -> Any:
+    return jax.devices("cpu")[0]
+
+
 class ResumableBlockLanczos:
-    """:func:`block_lanczos` with the basis in host memory, extendable: ``projected(m)`` runs only the
-    block steps not run yet (growing ``m`` until certified costs the final ``m p`` products).
+    """:func:`block_lanczos`'s step functions driven from Python, the basis in host memory, extendable:
+    ``projected(m)`` runs only the block steps not run yet (growing ``m`` until certified costs the
+    final ``m p`` products).
 
     ``apply_h_block`` and ``apply_ginv_block`` map a ``(p, d)`` block to a ``(p, d)`` block (one
-    batched product, e.g. one pass over a dataset); ``apply_ginv_block=None`` is ``G = I`` (the basis
-    stored once).  The same random restart vectors as :func:`block_lanczos` for the same ``key``.
-    ``steps`` wraps the range of block steps (e.g. in a progress bar).
+    batched product, e.g. one pass over a dataset, run eagerly); ``apply_ginv_block=None`` is ``G = I``
+    (the basis stored once).  The same steps, hence the same numbers and the same random restart
+    vectors as :func:`block_lanczos` for the same ``key``.  The basis lives on the CPU (host memory,
+    buffers doubled as it grows); the blocks go to the default device for the products.
     """
 
     def __init__(
@@ -340,67 +411,46 @@ class ResumableBlockLanczos:
         self.p, self.d = Z.shape
         self.dtype = np.dtype(Z.dtype)
         self.tol = _breakdown_tol(self.d, self.dtype, breakdown_tol)
-        self.key = key
+        self.key = jax.device_put(key, _host_device())
         self.hb, self.gb = apply_h_block, apply_ginv_block
+        self.euclid = apply_ginv_block is None
         self.products = 0  # products with H (vectors)
-        self._Q = np.zeros((0, self.d), self.dtype)
-        self._W = self._Q
-        self.n = 0  # rows of the basis filled
-        self.alive: list[bool] = []
-        self._T = np.zeros((0, 0), self.dtype)
         self.blocks = 0  # block steps run
-        self.scale = 0.0
-        Zh = np.asarray(Z, self.dtype)
+        self._cap = 0
+        self._Q = self._W = self._T = self._alive = None
+        self._grow(8 * self.p)
+        self.scale = jax.device_put(jnp.zeros((), self.dtype), _host_device())
+        Zh = self._host(Z)
         V0 = self._ginv(Zh)
-        start_scale = float(np.sqrt(max(float(np.max(np.sum(V0 * Zh, axis=1))), 0.0)))
-        self._append(*self._orthonormalize(V0, Zh, start_scale))
-        self._res: tuple[np.ndarray, np.ndarray] | None = None
+        self._start_scale = _start_scale(V0, Zh)
+        self._pending = (V0, Zh)  # the block to orthonormalize next: the start block, then each residual
 
-    def _ginv(self, X: np.ndarray) -> np.ndarray:
-        return X if self.gb is None else np.asarray(self.gb(jnp.asarray(X)), self.dtype)
+    @staticmethod
+    def _host(x: Any) -> jax.Array:
+        return jax.device_put(jnp.asarray(x), _host_device())
 
-    def _append(self, Qn: np.ndarray, Wn: np.ndarray, alive: list[bool]) -> None:
-        need = self.n + Qn.shape[0]
-        if need > self._Q.shape[0]:  # grow the host buffers by doubling
-            cap = max(need, 2 * self._Q.shape[0], 8 * self.p)
-            grow = lambda buf: np.concatenate([buf[: self.n], np.zeros((cap - self.n, self.d), self.dtype)])
-            self._Q = grow(self._Q)
-            self._W = self._Q if self.gb is None else grow(self._W)
-        self._Q[self.n : need] = Qn
-        if self.gb is not None:
-            self._W[self.n : need] = Wn
-        self.n = need
-        self.alive.extend(alive)
+    @staticmethod
+    def _out(x: jax.Array) -> jax.Array:
+        return jax.device_put(x, jax.devices()[0])
 
-    def _orthonormalize(self, V: np.ndarray, Hc: np.ndarray, scale: float):
-        Q, W = self._Q[: self.n], self._W[: self.n]
-        p, d = V.shape
-        Qn, Wn, alive = np.zeros((p, d), self.dtype), np.zeros((p, d), self.dtype), []
-        for i in range(p):
-            v, h = V[i].copy(), Hc[i].copy()
-            for _ in range(2):
-                c = Qn[:i] @ h
-                h = h - Wn[:i].T @ c
-                v = v - Qn[:i].T @ c
-            nrm = float(np.sqrt(max(float(v @ h), 0.0))) if np.isfinite(v @ h) else float("nan")
-            if nrm <= self.tol * scale:  # breakdown: restart from a random vector (NaN propagates)
-                r = np.asarray(jax.random.normal(jax.random.fold_in(self.key, self.n + i), (d,), dtype=self.dtype))
-                r0 = float(np.linalg.norm(r))
-                for _ in range(2):
-                    r = r - W.T @ (Q @ r)
-                    r = r - Wn[:i].T @ (Qn[:i] @ r)
-                ok = float(np.linalg.norm(r)) > self.tol * r0
-                if ok:
-                    rv = self._ginv(r[None])[0]
-                    nr = float(np.sqrt(max(float(rv @ r), 0.0)))
-                    nr = nr if nr > 0 else 1.0
-                    Qn[i], Wn[i] = rv / nr, r / nr
-                alive.append(ok)
-            else:
-                safe = nrm if nrm > 0 else 1.0
-                Qn[i], Wn[i] = v / safe, h / safe
-                alive.append(True)
-        return Qn, Wn, alive
+    def _ginv(self, X: jax.Array) -> jax.Array:
+        return X if self.gb is None else self._host(jnp.asarray(self.gb(self._out(X)), self.dtype))
+
+    def _grow(self, rows: int) -> None:
+        """Room for ``rows`` basis rows (the buffers at least doubled; zero rows are never read)."""
+        if rows <= self._cap:
+            return
+        cap, old = max(rows, 2 * self._cap), self._cap
+
+        def pad(x: jax.Array | None, shape: tuple, dtype: Any) -> jax.Array:
+            out = self._host(np.zeros(shape, dtype))
+            return out if not old else jax.lax.dynamic_update_slice(out, x, (0,) * len(shape))
+
+        self._Q = pad(self._Q, (cap, self.d), self.dtype)
+        self._W = None if self.euclid else pad(self._W, (cap, self.d), self.dtype)
+        self._T = pad(self._T, (cap, cap), self.dtype)
+        self._alive = pad(self._alive, (cap,), bool)
+        self._cap = cap
 
     def projected(
         self, m: int, *, steps: Callable[[range], Iterable[int]] = lambda r: r
@@ -408,36 +458,22 @@ class ResumableBlockLanczos:
         """Run up to block step ``m``; return ``(T, alive, M)`` as :func:`block_lanczos` does."""
         p = self.p
         for j in steps(range(self.blocks, m)):
-            if self._res is not None:  # the residual of the previous block becomes the next block
-                Vres, Hres = self._res
-                self._append(*self._orthonormalize(Vres, Hres, self.scale))
-            s = j * p
-            Q, W = self._Q[: self.n], self._W[: self.n]
-            Hraw = np.asarray(self.hb(jnp.asarray(Q[s : s + p])), self.dtype)
+            self._grow((j + 1) * p)
+            W = self._Q if self.euclid else self._W
+            V, Hc = self._pending
+            Qn, Wn, broke = _gram_schmidt_c(V, Hc, self.tol, self._start_scale if j == 0 else self.scale, euclid=self.euclid)
+            al = jnp.ones(p, bool)
+            if bool(jnp.any(broke)):  # breakdown: restart the broken columns (one batched G^{-1})
+                R, ok = _restart_covectors_c(self._Q, W, Qn, Wn, broke, self.key, j * p, self.tol)
+                Qn, Wn, al = _finish_restarts_c(Qn, Wn, R, self._ginv(R), broke, ok, self.tol, euclid=self.euclid)
+            self._Q, self._W, self._alive = _write_block(self._Q, self._W, self._alive, Qn, None if self.euclid else Wn,
+                                                         self._host(al), j * p)
+            Hraw = self._host(jnp.asarray(self.hb(self._out(Qn)), self.dtype))  # Qn is block j: H Q_j
             self.products += p
-            lo = max(s - p, 0)  # as block_lanczos: a pass against blocks j - 1 and j, then one against all
-            C = np.zeros((p, self.n), self.dtype)
-            C[:, lo : s + p] = Hraw @ Q[lo : s + p].T
-            Hres = Hraw - C[:, lo : s + p] @ W[lo : s + p]
-            C2 = Hres @ Q.T  # (p, n)
-            Hres = Hres - C2 @ W
-            C += C2
-            T = np.zeros((self.n, self.n), self.dtype)
-            T[: self._T.shape[0], : self._T.shape[1]] = self._T
-            T[s : s + p, :] = C
-            T[:, s : s + p] = C.T
-            self._T = T
-            rn = np.linalg.norm(Hres, axis=1)
-            with np.errstate(invalid="ignore"):
-                Hres[rn <= self.tol * np.max(np.linalg.norm(Hraw, axis=1))] = 0.0  # round-off: see block_lanczos
+            self._T, Hres, A = _absorb_c(Hraw, self._Q, self._Q if self.euclid else self._W, self._T, j, 0, self.tol, p=p)
             Vres = self._ginv(Hres)
-            res2 = np.sum(Vres * Hres, axis=1)
-            with np.errstate(invalid="ignore"):
-                sizes = np.array([self.scale, np.max(np.abs(C[:, s : s + p])), np.sqrt(max(float(np.max(res2)), 0.0))])
-            self.scale = float(np.max(sizes[np.isfinite(sizes)], initial=0.0))
-            if not (np.all(np.isfinite(C)) and np.all(np.isfinite(res2))):
-                self.scale = float("nan")
-            self._res = (Vres, Hres)
+            self.scale = _rescale_c(self.scale, A, Vres, Hres)
+            self._pending = (Vres, Hres)
             self.blocks = j + 1
         if m > self.blocks:  # pragma: no cover - the loop above ran them
             raise AssertionError
@@ -445,17 +481,16 @@ class ResumableBlockLanczos:
         Vres, Hres = self._res_at(m)
         M = Vres @ Hres.T
         T = self._T[:n, :n]
-        return jnp.asarray(0.5 * (T + T.T)), jnp.asarray(np.asarray(self.alive[:n], bool)), jnp.asarray(0.5 * (M + M.T))
+        return self._out(0.5 * (T + T.T)), self._out(self._alive[:n]), self._out(0.5 * (M + M.T))
 
     def basis(self, m: int) -> jax.Array:
         """The ``G``-orthonormal basis rows ``Q`` of the first ``m`` block steps (``(m p, d)``), for Ritz vectors."""
-        return jnp.asarray(self._Q[: m * self.p])
+        return self._out(self._Q[: m * self.p])
 
-    def _res_at(self, m: int) -> tuple[np.ndarray, np.ndarray]:
+    def _res_at(self, m: int) -> tuple[jax.Array, jax.Array]:
         if m != self.blocks:
             raise GeometryError(f"Lanczos: the residual of block {m} is gone; {self.blocks} blocks were run.")
-        assert self._res is not None
-        return self._res
+        return self._pending
 
 
 # ---------------------------------------------------------------------------

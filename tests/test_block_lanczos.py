@@ -74,6 +74,53 @@ def test_host_recurrence_matches_device(dtype):
 
 
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
+@pytest.mark.parametrize("metric", [False, True])
+def test_host_and_device_drivers_run_one_recurrence_through_breakdowns(dtype, metric):
+    """One recurrence, two drivers (issue 53): the host driver (products from Python, the basis in host
+    memory, grown in steps) and the compiled loop give the same T, live rows and residual Gram matrix,
+    also when the Krylov space closes and with a metric G.  H and G are block diagonal (3 + 7) and the
+    start block lives in the first 3 coordinates: the Krylov space closes after one block, all three
+    columns are restarted with random vectors (which then decide T: the same vectors in both drivers),
+    and the rows past d = 10 are dead.  Both give a G-orthonormal basis whose Rayleigh quotient is T."""
+    r = np.random.default_rng(11)
+    d, p, m = 10, 3, 5  # 15 rows > d: the last rows must die
+
+    def blocks(make):
+        out = np.zeros((d, d))
+        out[:3, :3], out[3:, 3:] = make(3), make(7)
+        return out
+
+    def spd(n, cond):
+        U = np.linalg.qr(r.standard_normal((n, n)))[0]
+        return (U * np.geomspace(1.0, cond, n)) @ U.T
+
+    H = blocks(lambda n: (lambda A: A + A.T)(r.standard_normal((n, n))))
+    G = blocks(lambda n: spd(n, 10.0)) if metric else np.eye(d)
+    Hj, Ginv = jnp.asarray(H, dtype), jnp.asarray(np.linalg.inv(G), dtype)
+    Z = jnp.zeros((p, d), dtype).at[:, :3].set(jax.random.normal(jax.random.PRNGKey(12), (p, 3), dtype))
+    key = jax.random.PRNGKey(13)
+    apply_ginv = (lambda v: Ginv @ v) if metric else None
+    T_dev, alive_dev, M_dev, Q_dev = block_lanczos(lambda v: Hj @ v, apply_ginv, Z, m, key=key, return_basis=True)
+    host = ResumableBlockLanczos(lambda X: X @ Hj.T, (lambda X: X @ Ginv.T) if metric else None, Z, key=key)
+    host.projected(2)  # grown in two calls, as the adaptive path does
+    T_host, alive_host, M_host = host.projected(m)
+    Q_host = host.basis(m)
+    eps = float(jnp.finfo(dtype).eps)
+    scale = np.abs(H).max() * np.linalg.cond(G)
+    np.testing.assert_array_equal(np.asarray(alive_host), np.asarray(alive_dev))
+    assert np.asarray(alive_dev).sum() == d
+    np.testing.assert_allclose(np.asarray(T_host, np.float64), np.asarray(T_dev, np.float64), atol=1e3 * eps * scale)
+    np.testing.assert_allclose(np.asarray(M_host, np.float64), np.asarray(M_dev, np.float64), atol=1e3 * eps * scale**2)
+    for T, alive, Q in ((T_dev, alive_dev, Q_dev), (T_host, alive_host, Q_host)):
+        live = np.asarray(alive)
+        Ql, Tl = np.asarray(Q, np.float64)[live], np.asarray(T, np.float64)[np.ix_(live, live)]
+        np.testing.assert_allclose(Ql @ G @ Ql.T, np.eye(d), atol=1e3 * eps * np.linalg.cond(G))
+        np.testing.assert_allclose(Tl, Ql @ H @ Ql.T, atol=1e3 * eps * scale)
+        assert not np.asarray(Q, np.float64)[~live].any()  # dead rows are zero
+    assert host.products == m * p
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.float64])
 def test_invariant_subspace_restarts_and_spans_everything(dtype):
     """A rank-5 H: the Krylov space closes after two blocks of 3; the restarts keep the basis
     orthonormal, T stays the Rayleigh quotient, and once the basis spans all d = 12 directions the
