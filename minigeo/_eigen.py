@@ -383,8 +383,27 @@ def _write_block(Q, W, alive, Qn, Wn, al, row0):
     return put(Q, Qn), (None if W is None else put(W, Wn)), put(alive, al)
 
 
+@functools.partial(jax.jit, static_argnames=("rows",))
+def _grown(Q, W, T, alive, *, rows: int):
+    """The host buffers with zero rows (and columns of ``T``) added up to ``rows``."""
+    more = rows - Q.shape[0]
+    pad = lambda x: jnp.pad(x, [(0, more)] + [(0, 0)] * (x.ndim - 1))
+    return pad(Q), (None if W is None else pad(W)), jnp.pad(T, [(0, more), (0, more)]), pad(alive)
+
+
+@functools.partial(jax.jit, static_argnames=("n",))
+def _projected(T, alive, Vres, Hres, *, n: int):
+    """``(T, alive, M)`` of the first ``n`` rows, symmetrized (as :func:`block_lanczos` returns them)."""
+    M = Vres @ Hres.T
+    return 0.5 * (T[:n, :n] + T[:n, :n].T), alive[:n], 0.5 * (M + M.T)
+
+
 def _host_device() -> Any:
-    return jax.devices("cpu")[0]
+    """The CPU device (host memory); the default device where the CPU backend is off (``JAX_PLATFORMS=cuda``)."""
+    try:
+        return jax.devices("cpu")[0]
+    except RuntimeError:
+        return jax.devices()[0]
 
 
 class ResumableBlockLanczos:
@@ -416,9 +435,10 @@ class ResumableBlockLanczos:
         self.euclid = apply_ginv_block is None
         self.products = 0  # products with H (vectors)
         self.blocks = 0  # block steps run
-        self._cap = 0
-        self._Q = self._W = self._T = self._alive = None
-        self._grow(8 * self.p)
+        self._cap = 0  # the buffers grow to m blocks at the first projected(m)
+        empty = self._host(np.zeros((0, self.d), self.dtype))
+        self._Q, self._W = empty, (None if self.euclid else empty)
+        self._T, self._alive = self._host(np.zeros((0, 0), self.dtype)), self._host(np.zeros(0, bool))
         self.scale = jax.device_put(jnp.zeros((), self.dtype), _host_device())
         Zh = self._host(Z)
         V0 = self._ginv(Zh)
@@ -437,28 +457,18 @@ class ResumableBlockLanczos:
         return X if self.gb is None else self._host(jnp.asarray(self.gb(self._out(X)), self.dtype))
 
     def _grow(self, rows: int) -> None:
-        """Room for ``rows`` basis rows (the buffers at least doubled; zero rows are never read)."""
-        if rows <= self._cap:
-            return
-        cap, old = max(rows, 2 * self._cap), self._cap
-
-        def pad(x: jax.Array | None, shape: tuple, dtype: Any) -> jax.Array:
-            out = self._host(np.zeros(shape, dtype))
-            return out if not old else jax.lax.dynamic_update_slice(out, x, (0,) * len(shape))
-
-        self._Q = pad(self._Q, (cap, self.d), self.dtype)
-        self._W = None if self.euclid else pad(self._W, (cap, self.d), self.dtype)
-        self._T = pad(self._T, (cap, cap), self.dtype)
-        self._alive = pad(self._alive, (cap,), bool)
-        self._cap = cap
+        """Room for ``rows`` basis rows (zero rows are never read)."""
+        if rows > self._cap:
+            self._Q, self._W, self._T, self._alive = _grown(self._Q, self._W, self._T, self._alive, rows=rows)
+            self._cap = rows
 
     def projected(
         self, m: int, *, steps: Callable[[range], Iterable[int]] = lambda r: r
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Run up to block step ``m``; return ``(T, alive, M)`` as :func:`block_lanczos` does."""
         p = self.p
+        self._grow(m * p)  # one buffer size per extension (each size compiles the steps once)
         for j in steps(range(self.blocks, m)):
-            self._grow((j + 1) * p)
             W = self._Q if self.euclid else self._W
             V, Hc = self._pending
             Qn, Wn, broke = _gram_schmidt_c(V, Hc, self.tol, self._start_scale if j == 0 else self.scale, euclid=self.euclid)
@@ -477,11 +487,7 @@ class ResumableBlockLanczos:
             self.blocks = j + 1
         if m > self.blocks:  # pragma: no cover - the loop above ran them
             raise AssertionError
-        n = m * p
-        Vres, Hres = self._res_at(m)
-        M = Vres @ Hres.T
-        T = self._T[:n, :n]
-        return self._out(0.5 * (T + T.T)), self._out(self._alive[:n]), self._out(0.5 * (M + M.T))
+        return tuple(map(self._out, _projected(self._T, self._alive, *self._res_at(m), n=m * p)))
 
     def basis(self, m: int) -> jax.Array:
         """The ``G``-orthonormal basis rows ``Q`` of the first ``m`` block steps (``(m p, d)``), for Ritz vectors."""
