@@ -467,7 +467,7 @@ class ResumableBlockLanczos:
     ) -> tuple[jax.Array, jax.Array, jax.Array]:
         """Run up to block step ``m``; return ``(T, alive, M)`` as :func:`block_lanczos` does."""
         p = self.p
-        self._grow(m * p)  # one buffer size per extension (each size compiles the steps once)
+        self._grow(p << (m - 1).bit_length())  # room for a power of two of blocks: each size compiles the steps once
         for j in steps(range(self.blocks, m)):
             W = self._Q if self.euclid else self._W
             V, Hc = self._pending
