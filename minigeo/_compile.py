@@ -545,6 +545,8 @@ def jit_per_callable(impl: Callable[..., Any], *, static_argnames: tuple[str, ..
     lock = threading.Lock()
 
     def table(fn: Any) -> OrderedDict:
+        while isinstance(fn, Derived) and fn.rule is run_work and len(fn.users) == 1 and isinstance(fn.users[0], Derived):
+            fn = fn.users[0]  # compiled(run_work, Derived(rule, ...)): the table of the rule inside
         group = fn.rule if isinstance(fn, Derived) else None
         found = caches.get(group)
         if found is None:

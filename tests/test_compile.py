@@ -320,3 +320,31 @@ def test_failed_cg_inside_compiled_trace_still_raises_its_own_error():
         mg.trace_estimate(loss, jnp.ones(3), jax.random.PRNGKey(0), metric=indefinite)
     with pytest.raises(mg.GeometryError, match="not positive definite"):
         mg.top_eigenvalues(loss, jnp.ones(3), jax.random.PRNGKey(0), metric=indefinite, num_iterations=3)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_one_boundary_keeps_a_table_per_rule(dtype):
+    """Every module compiles through ``_compile.compiled`` (issue 53), and each rule keeps its own
+    least-recently-used table: 17 new programs of one rule (the GGN diagonal at 17 sizes, through
+    ``run_work``) do not evict the Hessian-vector product's program, whose next eager call compiles
+    nothing; the diagonal's programs are counted under its own rule, not under ``run_work``."""
+    from minigeo import _compile
+    from minigeo.curvature import _hvp
+    from minigeo.metrics import _ggn_diagonal
+
+    f = lambda x: jnp.sum(jnp.sin(x) * x)  # noqa: E731
+    x = jnp.linspace(0.1, 1.0, 5, dtype=dtype)
+    first = mg.hvp(f, x, jnp.ones_like(x))
+    n_hvp = _compile.cache_size(_hvp)
+    before = _compile.cache_size(_ggn_diagonal)
+    for k in range(17):
+        mg.metrics.ggn_diagonal(lambda p: 2.0 * p, lambda z: 0.5 * jnp.sum(z**2), jnp.ones(k + 1, dtype))
+    assert _compile.cache_size(_ggn_diagonal) == min(before + 17, 16)  # its own table, at most 16 kept
+    assert _compile.cache_size(_compile.run_work) == 0
+    assert _compile.cache_size(_hvp) == n_hvp >= 1
+    again, n = compiles_during(mg.hvp, f, x, jnp.ones_like(x))
+    assert n == 0
+    np.testing.assert_array_equal(np.asarray(again), np.asarray(first))
+    # and the answers are right: the diagonal of J^T J for z = 2 p is 4
+    np.testing.assert_allclose(mg.metrics.ggn_diagonal(lambda p: 2.0 * p, lambda z: 0.5 * jnp.sum(z**2), jnp.ones(3, dtype)),
+                               4.0 * np.ones(3))
