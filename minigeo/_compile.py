@@ -350,10 +350,11 @@ def _split_parts(items: Any) -> tuple[list, Callable[[list], list], tuple]:
     """Split each of ``items``: ``(their users, rebuild(new users) -> the rebuilt items, their keys)``."""
     parts = [_split_users(u) for u in items]
     sizes = [len(p[0]) for p in parts]
+    rebuilds = [p[1] for p in parts]  # the closure keeps these, never the users (a compiled entry keeps it)
 
     def rebuild(us: list) -> list:
         out, i = [], 0
-        for (_, reb, _), n in zip(parts, sizes):
+        for reb, n in zip(rebuilds, sizes):
             out.append(reb(us[i : i + n]))
             i += n
         return out
@@ -372,7 +373,8 @@ def _split_users(fn: Any) -> tuple[list, Callable[[list], Any], Any]:
         except TypeError as err:
             raise _Unsupported from err
         users, rebuild, keys = _split_parts(fn.users)
-        return users, (lambda us: Derived(fn.rule, tuple(rebuild(us)), fn.static)), ("D", fn.rule, static, keys)
+        rule, options = fn.rule, fn.static  # not fn itself: the rebuilt work (kept by a compiled entry) must not hold the users
+        return users, (lambda us: Derived(rule, tuple(rebuild(us)), options)), ("D", rule, static, keys)
     if isinstance(fn, tuple):
         users, rebuild, keys = _split_parts(fn)
         return users, (lambda us: tuple(rebuild(us))), ("T", keys)

@@ -348,3 +348,27 @@ def test_one_boundary_keeps_a_table_per_rule(dtype):
     # and the answers are right: the diagonal of J^T J for z = 2 p is 4
     np.testing.assert_allclose(mg.metrics.ggn_diagonal(lambda p: 2.0 * p, lambda z: 0.5 * jnp.sum(z**2), jnp.ones(3, dtype)),
                                4.0 * np.ones(3))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_compiled_rules_keep_no_user_function_or_data_alive(dtype):
+    """A compiled entry keeps the rebuilt work, never the user's functions of the call that compiled it:
+    a GGN metric and a GGN diagonal built per step around a model that closes over that step's data
+    leave neither the model nor the data alive (the rebuild closures once held the first call's users)."""
+    import gc
+    import weakref
+
+    models, datas = [], []
+    for step in range(5):
+        X = jnp.full((4, 2), float(step + 1), dtype)
+        model = lambda w, X=X: X @ w  # noqa: E731
+        models.append(weakref.ref(model))
+        datas.append(weakref.ref(X))
+        loss = lambda z: 0.5 * jnp.sum(z**2)  # noqa: E731
+        out = mg.ggn(model, loss).mv(jnp.ones(2, dtype), jnp.ones(2, dtype))
+        np.testing.assert_allclose(out, np.asarray(X).T @ np.asarray(X) @ np.ones(2), rtol=10 * float(jnp.finfo(dtype).eps))
+        mg.metrics.ggn_diagonal(model, loss, jnp.ones(2, dtype))
+        del model, X, loss
+    gc.collect()
+    assert [r() is None for r in models] == [True] * 5
+    assert [r() is None for r in datas] == [True] * 5
