@@ -337,10 +337,11 @@ def test_one_boundary_keeps_a_table_per_rule(dtype):
     first = mg.hvp(f, x, jnp.ones_like(x))
     n_hvp = _compile.cache_size(_hvp)
     before = _compile.cache_size(_ggn_diagonal)
+    n_run_work = _compile.cache_size(_compile.run_work)  # other modules' plain run_work calls (the assignment kit)
     for k in range(17):
         mg.metrics.ggn_diagonal(lambda p: 2.0 * p, lambda z: 0.5 * jnp.sum(z**2), jnp.ones(k + 1, dtype))
     assert _compile.cache_size(_ggn_diagonal) == min(before + 17, 16)  # its own table, at most 16 kept
-    assert _compile.cache_size(_compile.run_work) == 0
+    assert _compile.cache_size(_compile.run_work) == n_run_work
     assert _compile.cache_size(_hvp) == n_hvp >= 1
     again, n = compiles_during(mg.hvp, f, x, jnp.ones_like(x))
     assert n == 0
