@@ -63,7 +63,7 @@ from jax.extend import core as jcore
 
 __all__ = ["Derived", "cache_size", "compiled", "jit_per_callable", "one_trace_per_call", "run_work"]
 
-_CACHE_SIZE = 16  # compiled programs kept per wrapped function (least recently used dropped)
+_CACHE_SIZE = 16  # compiled programs kept per rule (least recently used dropped)
 
 _TRACE_ERRORS = (
     jax.errors.ConcretizationTypeError,
